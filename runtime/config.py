@@ -1,0 +1,79 @@
+"""One configuration object for the engine, validated once and passed explicitly."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def parse_size(text: str | int) -> int:
+    """Parse a byte count such as `64MiB`, `2GiB`, `512M` or `1048576` into bytes."""
+    if isinstance(text, int):
+        return text
+    match = _SIZE.match(text)
+    if match is None:
+        raise ValueError(f"not a size: {text!r} (expected e.g. 64MiB, 2GiB or a byte count)")
+    number, unit = float(match.group(1)), (match.group(2) or "").upper().removesuffix("B")
+    scale = 1024 ** (" KMGT".index(unit[0])) if unit.endswith("I") else _UNITS[unit]
+    return int(number * scale)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything the actors need to know; sent to child processes as JSON.
+
+    Attributes:
+        model: path to a Hugging Face checkpoint directory.
+        mode: "process" runs scheduler and worker as child processes over ipc://;
+            "inproc" runs the same actors as trio tasks in this process over inproc://.
+        max_num_seqs: most sequences running in one step.
+        max_num_batched_tokens: token budget of one step (decode tokens + prefill chunks).
+        max_model_len: longest prompt + output; 0 means the checkpoint's own limit.
+        block_size: tokens per KV block.
+        kv_cache_memory: bytes for the KV pool (all layers, K and V).
+        num_kv_blocks: if > 0, overrides kv_cache_memory (tests use it to force preemption).
+        enable_prefix_caching: reuse KV blocks of identical prompt prefixes.
+        dtype: "auto" (the checkpoint's), "float32", "bfloat16" or "float16".
+        device: torch device of the worker ("cpu" or "cuda").
+        num_threads: torch intra-op threads in the worker; 0 leaves torch's default.
+    """
+
+    model: str
+    mode: Literal["process", "inproc"] = "process"
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 0
+    block_size: int = 16
+    kv_cache_memory: int = 256 * 2**20
+    num_kv_blocks: int = 0
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"
+    device: str = "cpu"
+    num_threads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("process", "inproc"):
+            raise ValueError(f"mode must be 'process' or 'inproc', not {self.mode!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("max_model_len", "num_kv_blocks", "num_threads"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"unsupported dtype {self.dtype!r}")
+
+    def replace(self, **changes: object) -> EngineConfig:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> EngineConfig:
+        return cls(**data)  # type: ignore[arg-type]

@@ -1,0 +1,222 @@
+"""Continuous batching: which sequences compute how many tokens in the next step.
+
+There is no prefill or decode phase, only a per-sequence count of tokens still to compute (as in
+vLLM v1): a fresh prompt has all of its tokens to compute, a decoding sequence has one (the token
+sampled last step). Each step first serves running sequences in arrival order, then admits waiting
+ones, within a token budget and `max_num_seqs`; a prompt larger than what is left of the budget
+is computed in chunks over several steps. When the KV pool runs dry, the newest running sequence
+is preempted: its blocks are freed and it waits to be recomputed from its tokens.
+
+Pure Python: no trio, nng or torch, so tests drive it step by step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from runtime.block_manager import BlockManager
+from runtime.messages import NewSeq, StepPlan
+from runtime.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledStep:
+    """What one step computes, plus the bookkeeping the worker must hear about."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)
+    new_seqs: list[Sequence] = field(default_factory=list)  # worker has no state for these yet
+    new_blocks: list[tuple[int, int]] = field(default_factory=list)  # (seq_id, block_id)
+    released: list[int] = field(default_factory=list)  # seq ids whose worker state must go
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_tokens)
+
+    def to_plan(self, step_id: int) -> StepPlan:
+        new_seqs = tuple(
+            NewSeq(s.seq_id, tuple(s.token_ids), s.num_prompt_tokens, s.num_computed_tokens, s.params)
+            for s in self.new_seqs
+        )
+        return StepPlan(
+            step=step_id,
+            new_seqs=new_seqs,
+            seq_ids=tuple(s.seq_id for s in self.seqs),
+            num_tokens=tuple(self.num_tokens),
+            block_seq_ids=tuple(s for s, _ in self.new_blocks),
+            block_ids=tuple(b for _, b in self.new_blocks),
+            released=tuple(self.released),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedOutput:
+    """One sampled token handed back to a request (with its finish reason, if it ended)."""
+
+    rid: str
+    token_id: int
+    logprob: float
+    finish_reason: str | None
+    num_cached_tokens: int
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_ids: frozenset[int],
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.by_rid: dict[str, Sequence] = {}
+        self._released: list[int] = []  # seq ids to report to the worker with the next step
+        self.num_preemptions = 0
+
+    # -- intake --------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        if seq.rid in self.by_rid:
+            raise ValueError(f"request id {seq.rid!r} is already in use")
+        if seq.num_prompt_tokens + seq.params.max_tokens > self.max_model_len:  # type: ignore[operator]
+            raise ValueError(
+                f"prompt ({seq.num_prompt_tokens}) + max_tokens ({seq.params.max_tokens}) "
+                f"exceeds max_model_len ({self.max_model_len})"
+            )
+        self.by_rid[seq.rid] = seq
+        self.waiting.append(seq)
+
+    def abort(self, rid: str) -> bool:
+        """Drop a request wherever it is; returns False if it is unknown or already finished."""
+        seq = self.by_rid.get(rid)
+        if seq is None:
+            return False
+        if seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        else:
+            self.running.remove(seq)
+        self._finish(seq, "abort")
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledStep:
+        step = ScheduledStep(released=self._released)
+        self._released = []
+        budget = self.max_num_batched_tokens
+        preemptions_before = self.num_preemptions
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            if not self._make_room(seq, num_tokens, step):
+                break  # `seq` itself was preempted, and everything behind it before that
+            self._allocate(seq, num_tokens, step)
+            budget -= num_tokens
+            i += 1
+        if self.num_preemptions == preemptions_before:  # admitting now would only thrash
+            self._admit(budget, step)
+        return step
+
+    def _make_room(self, seq: Sequence, num_tokens: int, step: ScheduledStep) -> bool:
+        """Preempt from the tail of `running` until `seq` fits; False if `seq` was preempted."""
+        needed = self.block_manager.blocks_needed(seq, num_tokens)
+        while not self.block_manager.can_allocate(needed):
+            victim = self.running[-1]
+            self._preempt(victim, step)
+            if victim is seq:
+                return False
+        return True
+
+    def _admit(self, budget: int, step: ScheduledStep) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            cached = self.block_manager.match_prefix(seq)
+            num_tokens = min(seq.num_tokens - len(cached) * self.block_manager.block_size, budget)
+            fresh = -(-(len(cached) * self.block_manager.block_size + num_tokens)
+                      // self.block_manager.block_size) - len(cached)
+            if not self.block_manager.can_allocate(fresh + self.block_manager.num_revived(cached)):
+                break  # first come, first served: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            self.block_manager.take_prefix(seq, cached)
+            if seq.num_cached_tokens < 0:
+                seq.num_cached_tokens = seq.num_computed_tokens
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            step.new_seqs.append(seq)
+            for block_id in seq.block_table:
+                step.new_blocks.append((seq.seq_id, block_id))
+            self._allocate(seq, num_tokens, step)
+            budget -= num_tokens
+
+    def _allocate(self, seq: Sequence, num_tokens: int, step: ScheduledStep) -> None:
+        needed = self.block_manager.blocks_needed(seq, num_tokens)
+        for block_id in self.block_manager.allocate(seq, needed):
+            step.new_blocks.append((seq.seq_id, block_id))
+        step.seqs.append(seq)
+        step.num_tokens.append(num_tokens)
+
+    def _preempt(self, seq: Sequence, step: ScheduledStep) -> None:
+        """Recompute later: free the KV, keep the tokens, go back to the head of the queue."""
+        self.running.remove(seq)
+        self.block_manager.free_blocks(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        step.released.append(seq.seq_id)
+        self.num_preemptions += 1
+
+    # -- results -------------------------------------------------------------------------
+
+    def update(
+        self, step: ScheduledStep, sampled: dict[int, tuple[int, float]]
+    ) -> list[FinishedOutput]:
+        """Apply a step's results; `sampled` maps seq_id to (token id, logprob)."""
+        outputs = []
+        for seq, num_tokens in zip(step.seqs, step.num_tokens, strict=True):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # aborted while the step ran
+            before = seq.num_computed_tokens
+            seq.num_computed_tokens += num_tokens
+            self.block_manager.cache_full_blocks(seq, before)
+            if seq.num_computed_tokens < seq.num_tokens:
+                continue  # a prefill chunk: nothing sampled yet
+            token_id, logprob = sampled[seq.seq_id]
+            seq.token_ids.append(token_id)
+            reason = self._stop_reason(seq, token_id)
+            if reason is not None:
+                self.running.remove(seq)
+                self._finish(seq, reason)
+            outputs.append(
+                FinishedOutput(seq.rid, token_id, logprob, reason, seq.num_cached_tokens)
+            )
+        return outputs
+
+    def _stop_reason(self, seq: Sequence, token_id: int) -> str | None:
+        params = seq.params
+        if not params.ignore_eos and token_id in self.eos_token_ids:
+            return "stop"
+        if token_id in params.stop_token_ids:
+            return "stop"
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:  # type: ignore[operator]
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        if seq.status is SequenceStatus.RUNNING:  # a waiting one has no state in the worker
+            self._released.append(seq.seq_id)
+        self.block_manager.free_blocks(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        del self.by_rid[seq.rid]

@@ -1,0 +1,112 @@
+"""Drive the pure scheduler like the actors do, with a fake model, checking invariants each step."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from runtime.block_manager import BlockManager
+from runtime.messages import decode, encode
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler import FinishedOutput, ScheduledStep, Scheduler
+from runtime.seq_table import SeqTable, WorkerSeq
+from runtime.sequence import Sequence, SequenceStatus
+
+EOS = 0
+
+
+class CoreHarness:
+    def __init__(
+        self,
+        *,
+        num_blocks: int = 32,
+        block_size: int = 4,
+        max_num_seqs: int = 8,
+        max_num_batched_tokens: int = 32,
+        max_model_len: int = 64,
+        seed: int = 0,
+        prefix_caching: bool = True,
+    ) -> None:
+        self.bm = BlockManager(num_blocks, block_size, prefix_caching)
+        self.sched = Scheduler(
+            self.bm,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            eos_token_ids=frozenset({EOS}),
+        )
+        self.worker = SeqTable()
+        self.rng = random.Random(seed)
+        self.next_seq_id = 0
+        self.outputs: dict[str, list[FinishedOutput]] = {}
+        self.finished: dict[str, str] = {}
+        self.step_id = 0
+
+    def add(self, rid: str, prompt: list[int], max_tokens: int, ignore_eos: bool = True) -> None:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
+        self.sched.add(Sequence(self.next_seq_id, rid, prompt, params))
+        self.next_seq_id += 1
+        self.outputs[rid] = []
+
+    def abort(self, rid: str) -> None:
+        if self.sched.abort(rid):
+            self.finished[rid] = "abort"
+
+    def step(self, abort_in_flight: tuple[str, ...] = ()) -> ScheduledStep:
+        scheduled = self.sched.schedule()
+        plan = decode(encode(scheduled.to_plan(self.step_id)))  # exactly what the worker gets
+        self.step_id += 1
+        worker_seqs = self.worker.apply(plan)
+        self._check_worker_mirror(scheduled, worker_seqs)
+        for rid in abort_in_flight:  # arrive while the worker computes
+            self.abort(rid)
+        sampled = {}
+        for seq_id, ws, n in zip(plan.seq_ids, worker_seqs, plan.num_tokens, strict=True):
+            token = None
+            if SeqTable.samples(ws, n):
+                token = self.rng.randrange(0, 8)  # small vocab: EOS (0) comes up often
+                sampled[seq_id] = (token, -1.0)
+            SeqTable.commit(ws, n, token)
+        for out in self.sched.update(scheduled, sampled):
+            self.outputs[out.rid].append(out)
+            if out.finish_reason is not None:
+                assert out.rid not in self.finished, f"{out.rid} finished twice"
+                self.finished[out.rid] = out.finish_reason
+        self.check_invariants()
+        return scheduled
+
+    def run_until_idle(self, max_steps: int = 10_000) -> None:
+        for _ in range(max_steps):
+            if not self.sched.has_work():
+                return
+            self.step()
+        raise AssertionError("scheduler made no progress")
+
+    def _check_worker_mirror(self, scheduled: ScheduledStep, worker_seqs: list[WorkerSeq]) -> None:
+        for seq, ws, n in zip(scheduled.seqs, worker_seqs, scheduled.num_tokens, strict=True):
+            assert ws.token_ids == seq.token_ids
+            assert ws.num_computed_tokens == seq.num_computed_tokens
+            assert ws.block_table == seq.block_table
+            assert n >= 1
+            assert len(seq.block_table) * self.bm.block_size >= seq.num_computed_tokens + n
+
+    def check_invariants(self) -> None:
+        bm, sched = self.bm, self.sched
+        live = list(sched.running) + list(sched.waiting)
+        refs = Counter(b for seq in live for b in seq.block_table)
+        for block in bm.blocks:
+            assert block.ref_count == refs[block.block_id], (block.block_id, block.ref_count)
+            assert (block.ref_count == 0) == (block.block_id in bm.free)
+        for h, block_id in bm.cached.items():
+            assert bm.blocks[block_id].hash == h
+        for seq in sched.waiting:
+            assert seq.status is SequenceStatus.WAITING and not seq.block_table
+            assert seq.num_computed_tokens == 0
+        for seq in sched.running:
+            assert seq.status is SequenceStatus.RUNNING
+            assert len(seq.block_table) == -(-seq.num_computed_tokens // bm.block_size)
+            assert len(set(seq.block_table)) == len(seq.block_table)
+        assert len(sched.running) <= sched.max_num_seqs
+        assert set(sched.by_rid) == {s.rid for s in live}
+        if not sched.has_work():
+            assert bm.num_free_blocks == bm.num_blocks

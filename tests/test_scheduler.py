@@ -1,0 +1,152 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.core_harness import EOS, CoreHarness
+
+
+def test_decodes_every_request_to_its_length() -> None:
+    h = CoreHarness()
+    for i in range(5):
+        h.add(f"r{i}", [1 + i] * (3 + 7 * i), max_tokens=4 + i)
+    h.run_until_idle()
+    assert h.finished == {f"r{i}": "length" for i in range(5)}
+    assert [len(h.outputs[f"r{i}"]) for i in range(5)] == [4, 5, 6, 7, 8]
+
+
+def test_long_prompt_is_chunked_within_the_token_budget() -> None:
+    h = CoreHarness(max_num_batched_tokens=8, max_model_len=64)
+    h.add("long", list(range(1, 30)), max_tokens=2)
+    assert [h.step().num_tokens for _ in range(4)] == [[8], [8], [8], [5]]
+    assert len(h.outputs["long"]) == 1  # only the last chunk samples
+    h.run_until_idle()
+    assert len(h.outputs["long"]) == 2
+
+
+def test_eos_stops_unless_ignored() -> None:
+    h = CoreHarness()
+    h.add("a", [5, 6, 7], max_tokens=40, ignore_eos=False)
+    h.add("b", [5, 6, 7], max_tokens=40, ignore_eos=True)
+    h.run_until_idle()
+    assert h.outputs["a"][-1].token_id == EOS and h.finished["a"] == "stop"
+    assert len(h.outputs["b"]) == 40 and h.finished["b"] == "length"
+
+
+def test_shared_prefix_hits_the_cache_and_verifies_tokens() -> None:
+    h = CoreHarness(block_size=4)
+    prompt = list(range(1, 14))  # 13 tokens: 3 full blocks may be shared
+    h.add("first", prompt, max_tokens=1)
+    h.run_until_idle()
+    h.add("second", prompt, max_tokens=1)
+    h.add("other", [9] * 13, max_tokens=1)
+    h.run_until_idle()
+    assert h.outputs["second"][0].num_cached_tokens == 12
+    assert h.outputs["other"][0].num_cached_tokens == 0
+
+
+def test_cache_never_covers_the_last_token() -> None:
+    h = CoreHarness(block_size=4)
+    h.add("first", list(range(1, 9)), max_tokens=1)  # exactly two blocks
+    h.run_until_idle()
+    h.add("again", list(range(1, 9)), max_tokens=1)
+    h.run_until_idle()
+    assert h.outputs["again"][0].num_cached_tokens == 4
+
+
+def test_pool_exhaustion_preempts_and_everyone_still_finishes() -> None:
+    h = CoreHarness(num_blocks=8, block_size=4, max_model_len=32, max_num_batched_tokens=64)
+    for i in range(6):
+        h.add(f"r{i}", [i + 1] * 5, max_tokens=20)
+    h.run_until_idle()
+    assert h.sched.num_preemptions > 0
+    assert all(reason == "length" for reason in h.finished.values())
+    assert all(len(h.outputs[f"r{i}"]) == 20 for i in range(6))
+
+
+def test_abort_waiting_running_and_in_flight() -> None:
+    h = CoreHarness(max_num_seqs=2)
+    for rid in "abcd":
+        h.add(rid, [1, 2, 3], max_tokens=10)
+    h.step()
+    h.abort("c")  # waiting
+    h.step(abort_in_flight=("a",))  # running, its step already sent to the worker
+    h.abort("b")
+    h.abort("b")  # twice is a no-op
+    h.run_until_idle()
+    assert h.finished == {"a": "abort", "b": "abort", "c": "abort", "d": "length"}
+
+
+def test_rejects_duplicate_rid_and_too_long_requests() -> None:
+    h = CoreHarness(max_model_len=16)
+    h.add("a", [1, 2], max_tokens=4)
+    with pytest.raises(ValueError, match="already in use"):
+        h.add("a", [1], max_tokens=1)
+    with pytest.raises(ValueError, match="max_model_len"):
+        h.add("b", [1] * 10, max_tokens=7)
+
+
+def test_abort_100_of_200_leaves_every_block_free() -> None:
+    h = CoreHarness(num_blocks=64, block_size=4, max_num_seqs=32, max_model_len=64)
+    for i in range(200):
+        h.add(f"r{i}", [1 + i % 7] * (2 + i % 13), max_tokens=8 + i % 5)
+    for _ in range(3):
+        h.step()
+    for i in range(0, 200, 2):
+        h.abort(f"r{i}")
+    h.run_until_idle()
+    assert sum(reason == "abort" for reason in h.finished.values()) == 100
+    assert h.bm.num_free_blocks == h.bm.num_blocks
+
+
+# -- property test: any interleaving of add / step / abort / finish ------------------------------
+
+prompts = st.lists(st.integers(1, 3), min_size=1, max_size=20)  # few distinct tokens: many hits
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), prompts, st.integers(1, 12), st.booleans()),
+        st.tuples(st.just("step"), st.lists(st.integers(0, 40), max_size=2)),
+        st.tuples(st.just("abort"), st.integers(0, 40)),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ops=operations,
+    num_blocks=st.integers(8, 24),
+    block_size=st.sampled_from([1, 2, 4]),
+    budget=st.integers(1, 24),
+    max_num_seqs=st.integers(1, 6),
+    prefix_caching=st.booleans(),
+)
+def test_no_interleaving_leaks_or_double_frees_a_block(
+    ops: list, num_blocks: int, block_size: int, budget: int, max_num_seqs: int,
+    prefix_caching: bool,
+) -> None:
+    h = CoreHarness(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        max_model_len=min(32, num_blocks * block_size),
+        prefix_caching=prefix_caching,
+    )
+    added = 0
+    for op in ops:
+        if op[0] == "add":
+            _, prompt, max_tokens, ignore_eos = op
+            max_tokens = min(max_tokens, h.sched.max_model_len - len(prompt))
+            if max_tokens >= 1:
+                h.add(f"r{added}", prompt, max_tokens, ignore_eos)
+                added += 1
+        elif op[0] == "step":
+            h.step(abort_in_flight=tuple(f"r{i}" for i in op[1]))
+        else:
+            h.abort(f"r{op[1]}")
+        h.check_invariants()
+    h.run_until_idle()
+    assert set(h.finished) == set(h.outputs)  # every request ended, exactly once
+    assert h.bm.num_free_blocks == h.bm.num_blocks
