@@ -81,7 +81,7 @@ class Submit:
 
 @message(4)
 class Ping:
-    """Health probe, answered by a `Pong` with the same nonce once every actor on the path saw it."""
+    """Health probe, answered by a `Pong` with its nonce once every actor on the path saw it."""
 
     nonce: int
 
@@ -244,7 +244,9 @@ def _make_decoder(cls: type) -> Callable[[list[Any], str], Any]:
     def decode_fields(obj: list[Any], where: str) -> Any:
         if len(obj) != len(names) + 1:
             raise WireError(f"{name}: expected {len(names)} fields, got {len(obj) - 1}")
-        values = [check(v, f"{name}.{n}") for check, v, n in zip(checks, obj[1:], names, strict=True)]
+        values = [
+            check(v, f"{name}.{n}") for check, v, n in zip(checks, obj[1:], names, strict=True)
+        ]
         try:
             return cls(*values)
         except ValueError as exc:  # the class's own validation (e.g. SamplingParams)
@@ -308,6 +310,7 @@ def _check_message(cls: type) -> Check:
 
 def _check_tuple(item_tp: Any) -> Check:
     if item_tp is int:  # the hot case (token ids, seq ids): one pass, no per-item call
+
         def check_ints(v: Any, where: str) -> tuple[int, ...]:
             if type(v) is not list:
                 raise WireError(f"{where}: expected a list, got {_show(v)}")

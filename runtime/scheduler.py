@@ -36,7 +36,9 @@ class ScheduledStep:
 
     def to_plan(self, step_id: int) -> StepPlan:
         new_seqs = tuple(
-            NewSeq(s.seq_id, tuple(s.token_ids), s.num_prompt_tokens, s.num_computed_tokens, s.params)
+            NewSeq(
+                s.seq_id, tuple(s.token_ids), s.num_prompt_tokens, s.num_computed_tokens, s.params
+            )
             for s in self.new_seqs
         )
         return StepPlan(
@@ -145,8 +147,10 @@ class Scheduler:
             seq = self.waiting[0]
             cached = self.block_manager.match_prefix(seq)
             num_tokens = min(seq.num_tokens - len(cached) * self.block_manager.block_size, budget)
-            fresh = -(-(len(cached) * self.block_manager.block_size + num_tokens)
-                      // self.block_manager.block_size) - len(cached)
+            fresh = -(
+                -(len(cached) * self.block_manager.block_size + num_tokens)
+                // self.block_manager.block_size
+            ) - len(cached)
             if not self.block_manager.can_allocate(fresh + self.block_manager.num_revived(cached)):
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.popleft()

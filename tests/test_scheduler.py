@@ -123,7 +123,11 @@ operations = st.lists(
     prefix_caching=st.booleans(),
 )
 def test_no_interleaving_leaks_or_double_frees_a_block(
-    ops: list, num_blocks: int, block_size: int, budget: int, max_num_seqs: int,
+    ops: list,
+    num_blocks: int,
+    block_size: int,
+    budget: int,
+    max_num_seqs: int,
     prefix_caching: bool,
 ) -> None:
     h = CoreHarness(

@@ -51,12 +51,31 @@ ARCHS: dict[str, TinyArch] = {
     "llama": TinyArch("llama", "LlamaForCausalLM", 256, 4, 4, 2, 64, 704, 2048),
     # qkv bias, tied embeddings, multi-query attention (one kv head).
     "qwen2": TinyArch(
-        "qwen2", "Qwen2ForCausalLM", 192, 3, 6, 1, 32, 512, 1024, qkv_bias=True,
-        tie_embeddings=True, rope_theta=1_000_000.0,
+        "qwen2",
+        "Qwen2ForCausalLM",
+        192,
+        3,
+        6,
+        1,
+        32,
+        512,
+        1024,
+        qkv_bias=True,
+        tie_embeddings=True,
+        rope_theta=1_000_000.0,
     ),
     # per-head RMSNorm on q and k; head_dim * heads != hidden_size.
     "qwen3": TinyArch(
-        "qwen3", "Qwen3ForCausalLM", 192, 3, 4, 2, 32, 512, 1024, qk_norm=True,
+        "qwen3",
+        "Qwen3ForCausalLM",
+        192,
+        3,
+        4,
+        2,
+        32,
+        512,
+        1024,
+        qk_norm=True,
         rope_theta=1_000_000.0,
     ),
 }
@@ -101,7 +120,10 @@ def random_weights(arch: TinyArch, seed: int) -> dict[str, torch.Tensor]:
 
     h, d = arch.hidden_size, arch.head_dim
     q_out, kv_out = arch.num_heads * d, arch.num_kv_heads * d
-    weights = {"model.embed_tokens.weight": normal(VOCAB_SIZE, h), "model.norm.weight": norm_weight(h)}
+    weights = {
+        "model.embed_tokens.weight": normal(VOCAB_SIZE, h),
+        "model.norm.weight": norm_weight(h),
+    }
     for i in range(arch.num_layers):
         p = f"model.layers.{i}."
         weights |= {
@@ -155,8 +177,14 @@ def train_tokenizer() -> str:
 
 def tokenizer_config() -> dict[str, object]:
     added = {
-        str(i): {"content": tok, "lstrip": False, "normalized": False, "rstrip": False,
-                 "single_word": False, "special": True}
+        str(i): {
+            "content": tok,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
         for i, tok in enumerate(SPECIAL_TOKENS)
     }
     return {
