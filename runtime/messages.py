@@ -88,7 +88,10 @@ class Ping:
 
 @message(5)
 class Pong:
+    """Answer to `Ping`. The scheduler attaches its statistics as it relays the worker's pong."""
+
     nonce: int
+    stats: SchedulerStats | None
 
 
 @message(6)
@@ -170,6 +173,7 @@ class SchedulerStats:
     num_total_blocks: int
     num_steps: int
     num_preemptions: int
+    num_aborts: int  # abort messages received, including ones for already finished requests
     num_generated_tokens: int
     num_cached_tokens: int
     schedule_seconds: float

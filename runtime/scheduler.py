@@ -83,6 +83,7 @@ class Scheduler:
         self.by_rid: dict[str, Sequence] = {}
         self._released: list[int] = []  # seq ids to report to the worker with the next step
         self.num_preemptions = 0
+        self.num_cached_tokens = 0  # tokens the prefix cache saved from recomputation, in total
 
     # -- intake --------------------------------------------------------------------------
 
@@ -132,6 +133,10 @@ class Scheduler:
             self._admit(budget, step)
         return step
 
+    def requeue_released(self, step: ScheduledStep) -> None:
+        """A step that computes nothing is not sent: keep its releases for the next one."""
+        self._released = step.released + self._released
+
     def _make_room(self, seq: Sequence, num_tokens: int, step: ScheduledStep) -> bool:
         """Preempt from the tail of `running` until `seq` fits; False if `seq` was preempted."""
         needed = self.block_manager.blocks_needed(seq, num_tokens)
@@ -155,6 +160,7 @@ class Scheduler:
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.popleft()
             self.block_manager.take_prefix(seq, cached)
+            self.num_cached_tokens += seq.num_computed_tokens
             if seq.num_cached_tokens < 0:
                 seq.num_cached_tokens = seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING

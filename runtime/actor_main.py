@@ -1,0 +1,51 @@
+"""Entry point of an actor's child process: `python -m runtime.actor_main ROLE SPEC_JSON`.
+
+The parent passes everything in argv (never through fork), and holds our stdin open: when it
+reads EOF, the parent is gone, and we exit at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+
+import trio
+
+from runtime.config import EngineConfig
+
+
+def exit_when_parent_dies() -> None:
+    def watch() -> None:
+        # The raw fd, not sys.stdin: a daemon thread blocked inside a buffered reader aborts
+        # the interpreter at exit ("could not acquire lock for <stdin>").
+        while os.read(0, 4096):  # b"" only at EOF: the parent closed the pipe or died
+            pass
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def main() -> None:
+    role, spec = sys.argv[1], json.loads(sys.argv[2])
+    exit_when_parent_dies()
+    config = EngineConfig.from_dict(spec["config"])
+    if role == "scheduler":
+        from runtime.scheduler_actor import SchedulerActor
+
+        frontend_address, worker_address = spec["listen"]
+        actor = SchedulerActor(
+            config, frozenset(spec["eos_token_ids"]), frontend_address, worker_address
+        )
+        trio.run(actor.run)
+    elif role == "worker":
+        from runtime.worker import WorkerActor
+
+        trio.run(WorkerActor(config, spec["dial"], spec["progress"]).run)
+    else:
+        raise SystemExit(f"unknown actor role {role!r}")
+
+
+if __name__ == "__main__":
+    main()

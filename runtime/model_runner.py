@@ -1,0 +1,178 @@
+"""Turns a `StepPlan` into one batched forward pass and one batched sampling call.
+
+Holds the model, the KV cache tensor and the worker's mirror of the sequences. Synchronous: the
+worker actor runs `execute` in a thread of its own.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from runtime.config import EngineConfig
+from runtime.layers.attention import AttentionMetadata, PrefillSlice, causal_mask
+from runtime.loader import load_weights
+from runtime.messages import StepPlan, StepResult, StepTimings
+from runtime.model_info import load_model_info, resolve_max_model_len
+from runtime.models import MODELS
+from runtime.models.llama import ModelArgs
+from runtime.sampler import SamplingBatch, make_sampling_batch, sample
+from runtime.seq_table import SeqTable, WorkerSeq
+
+
+@dataclass(slots=True)
+class ModelInputs:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttentionMetadata
+    logit_rows: torch.Tensor  # [S] rows whose logits are sampled
+    sampled: list[int]  # indices into the plan's sequences, in logit-row order
+    sampling: SamplingBatch | None
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, progress: bool = False) -> None:
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.config = config
+        self.info = load_model_info(config)
+        self.max_model_len = resolve_max_model_len(config, self.info)
+        self.device = torch.device(config.device)
+        self.block_size = config.block_size
+        args = ModelArgs.from_hf(self.info.hf_config, self.info.architecture)
+        model = MODELS[self.info.architecture](args, self.info.hf_config, self.max_model_len)
+        model.to(device=self.device, dtype=self.info.dtype)
+        load_weights(model, config.model, progress=progress)
+        self.model = model.eval()
+        self.num_blocks = self._num_kv_blocks()
+        self.kv_caches = torch.zeros(
+            (
+                args.num_layers,
+                2,
+                self.num_blocks,
+                self.block_size,
+                args.num_kv_heads,
+                args.head_dim,
+            ),
+            dtype=self.info.dtype,
+            device=self.device,
+        )
+        self.table = SeqTable()
+
+    def _num_kv_blocks(self) -> int:
+        per_block = self.info.kv_bytes_per_block(self.block_size)
+        blocks = self.config.num_kv_blocks or self.config.kv_cache_memory // per_block
+        if blocks * self.block_size < self.max_model_len:
+            needed = -(-self.max_model_len // self.block_size) * per_block
+            raise ValueError(
+                f"the KV cache holds {blocks * self.block_size} tokens ({blocks} blocks of "
+                f"{per_block} bytes), fewer than max_model_len={self.max_model_len}: raise "
+                f"--kv-cache-memory to at least {needed} bytes or lower --max-model-len"
+            )
+        return blocks
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepResult:
+        start = time.perf_counter()
+        seqs = self.table.apply(plan)
+        inputs = self._prepare(plan, seqs)
+        prepared = time.perf_counter()
+        logits = self.model(
+            inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, inputs.logit_rows
+        )
+        self._synchronize()
+        forwarded = time.perf_counter()
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        if inputs.sampling is not None:
+            tokens, token_logprobs = sample(logits, inputs.sampling)
+            token_ids, logprobs = tokens.tolist(), token_logprobs.tolist()
+        sampled_at = dict(zip(inputs.sampled, token_ids, strict=True))
+        for i, (seq, n) in enumerate(zip(seqs, plan.num_tokens, strict=True)):
+            SeqTable.commit(seq, n, sampled_at.get(i))
+        done = time.perf_counter()
+        return StepResult(
+            step=plan.step,
+            seq_ids=tuple(plan.seq_ids[i] for i in inputs.sampled),
+            token_ids=tuple(token_ids),
+            logprobs=tuple(logprobs),
+            timings=StepTimings(prepared - start, forwarded - prepared, done - forwarded),
+        )
+
+    def _prepare(self, plan: StepPlan, seqs: list[WorkerSeq]) -> ModelInputs:
+        # single-query sequences first: the attention computes them as one gathered batch
+        order = sorted(range(len(seqs)), key=lambda i: plan.num_tokens[i] != 1)
+        num_decodes = sum(1 for n in plan.num_tokens if n == 1)
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logit_rows: list[int] = []
+        sampled: list[int] = []
+        prefills: list[PrefillSlice] = []
+        for i in order:
+            seq, n = seqs[i], plan.num_tokens[i]
+            start, computed = len(input_ids), seq.num_computed_tokens
+            context = computed + n
+            input_ids.extend(seq.token_ids[computed:context])
+            positions.extend(range(computed, context))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(computed, context))
+            if n > 1:
+                prefills.append(
+                    PrefillSlice(
+                        start,
+                        n,
+                        context,
+                        self._tensor(table[: -(-context // bs)]),
+                        causal_mask(n, context, self.device) if computed else None,
+                    )
+                )
+            if SeqTable.samples(seq, n):
+                logit_rows.append(start + n - 1)
+                sampled.append(i)
+        decode_seqs = [seqs[i] for i in order[:num_decodes]]
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor(slots),
+            num_decodes=num_decodes,
+            **self._decode_layout(decode_seqs),
+            prefills=prefills,
+        )
+        return ModelInputs(
+            input_ids=self._tensor(input_ids),
+            positions=self._tensor(positions),
+            meta=meta,
+            logit_rows=self._tensor(logit_rows),
+            sampled=sampled,
+            sampling=self._sampling([seqs[i] for i in sampled]) if sampled else None,
+        )
+
+    def _decode_layout(self, seqs: list[WorkerSeq]) -> dict[str, torch.Tensor]:
+        """Padded block tables and a key mask for the single-query sequences."""
+        if not seqs:
+            empty = torch.zeros((0, 1), dtype=torch.long, device=self.device)
+            return {"decode_block_tables": empty, "decode_mask": empty.bool()}
+        context_lens = [s.num_computed_tokens + 1 for s in seqs]
+        width = max(-(-c // self.block_size) for c in context_lens)
+        tables = [s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in seqs]
+        keys = torch.arange(width * self.block_size, device=self.device)
+        mask = keys[None, :] < self._tensor(context_lens)[:, None]
+        return {"decode_block_tables": self._tensor(tables), "decode_mask": mask[:, None, None, :]}
+
+    def _sampling(self, seqs: list[WorkerSeq]) -> SamplingBatch:
+        rows = []
+        for seq in seqs:
+            p = seq.params
+            seed = p.seed if p.seed is not None else random.getrandbits(64)
+            rows.append((p.temperature, p.top_k, p.top_p, p.min_p, seed, seq.num_output_tokens))
+        return make_sampling_batch(rows, self.device)
+
+    def _tensor(self, values: list[int] | list[list[int]]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

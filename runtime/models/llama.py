@@ -1,0 +1,152 @@
+"""The Llama family (Llama, Mistral, Qwen2, Qwen3) over a flattened batch with a paged KV cache.
+
+The four differ only in switches: Qwen2 adds a bias to q/k/v, Qwen3 normalizes q and k per head,
+Qwen2 and small Qwen3s tie the LM head to the embeddings, and Llama may bias every projection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from runtime.layers.attention import AttentionMetadata, paged_attention
+from runtime.layers.basic import FusedLinear, GatedMLP, RMSNorm
+from runtime.layers.rotary import RotaryEmbedding
+
+
+@dataclass(frozen=True, slots=True)
+class ModelArgs:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf(cls, config: PretrainedConfig, architecture: str) -> ModelArgs:
+        heads = config.num_attention_heads
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        return cls(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            rms_norm_eps=config.rms_norm_eps,
+            qkv_bias=attention_bias or architecture == "Qwen2ForCausalLM",
+            o_bias=attention_bias and architecture != "Qwen2ForCausalLM",
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            qk_norm=architecture == "Qwen3ForCausalLM",
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        )
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            args.num_heads,
+            args.num_kv_heads,
+            args.head_dim,
+        )
+        q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        self.qkv_proj = FusedLinear(args.hidden_size, [q_size, kv_size, kv_size], args.qkv_bias)
+        self.o_proj = nn.Linear(q_size, args.hidden_size, bias=args.o_bias)
+        self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
+        self.rotary = rotary
+        self.scale = args.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        positions: torch.Tensor,  # [T]
+        kv_cache: torch.Tensor,  # [2, blocks, block_size, kv_heads, head_dim]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split(self.qkv_proj.shard_sizes, dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = paged_attention(q, k, v, kv_cache, meta, self.scale)
+        return self.o_proj(out.flatten(1))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args, rotary)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, args.mlp_bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, args: ModelArgs, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args, rotary) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Hugging Face parameter names (`model.layers.0.self_attn...`), q/k/v and gate/up fused."""
+
+    # checkpoint module name -> (our fused module name, shard index)
+    packed_modules: ClassVar[dict[str, tuple[str, int]]] = {
+        "q_proj": ("qkv_proj", 0),
+        "k_proj": ("qkv_proj", 1),
+        "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, args: ModelArgs, config: PretrainedConfig, max_len: int) -> None:
+        super().__init__()
+        self.args = args
+        rotary = RotaryEmbedding(config, args.head_dim, max_len)
+        self.model = LlamaModel(args, rotary)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_caches: torch.Tensor,  # [layers, 2, blocks, block_size, kv_heads, head_dim]
+        meta: AttentionMetadata,
+        logit_rows: torch.Tensor,  # rows whose next-token logits are wanted
+    ) -> torch.Tensor:  # [len(logit_rows), vocab]
+        x = self.model.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+            x = layer(x, positions, kv_cache, meta)
+        x = self.model.norm(x[logit_rows])  # norm is per row: skip rows nobody samples
+        return self.lm_head(x).float()

@@ -1,0 +1,103 @@
+"""Batched sampling: greedy, temperature, top-k, top-p and min-p, reproducible per request.
+
+Randomness comes from a counter-based hash of (request seed, output position), not from a shared
+generator, so a seeded request draws the same numbers whether it runs alone, in a batch of 64,
+or again after preemption. One uniform number per row is enough: we sample by inverting the
+cumulative distribution of the filtered probabilities, sorted from most to least likely.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+
+
+def splitmix64(x: int) -> int:
+    """A well-mixed 64-bit hash of a 64-bit integer (Steele et al., SplitMix64 finalizer)."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def uniform(seed: int, position: int) -> float:
+    """A number in (0, 1) determined by the request's seed and the output position alone."""
+    bits = splitmix64(splitmix64(seed & _MASK64) ^ position)
+    return ((bits >> 11) + 0.5) / (1 << 53)
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    """Per-row parameters of one step, as tensors on the sampling device."""
+
+    temperature: torch.Tensor  # [B] float; rows with 0 are greedy
+    top_k: torch.Tensor  # [B] long; 0 = all
+    top_p: torch.Tensor  # [B] float
+    min_p: torch.Tensor  # [B] float
+    uniforms: torch.Tensor  # [B] float64 in (0, 1)
+    all_greedy: bool
+    needs_filter: bool  # some row uses top-k, top-p or min-p
+
+
+def make_sampling_batch(
+    rows: list[tuple[float, int, float, float, int, int]], device: torch.device
+) -> SamplingBatch:
+    """rows: (temperature, top_k, top_p, min_p, seed, output position) per sampled sequence."""
+    temperature, top_k, top_p, min_p, seeds, positions = zip(*rows, strict=True)
+    all_greedy = all(t == 0.0 for t in temperature)
+    return SamplingBatch(
+        temperature=torch.tensor(temperature, dtype=torch.float32, device=device),
+        top_k=torch.tensor(top_k, dtype=torch.long, device=device),
+        top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
+        min_p=torch.tensor(min_p, dtype=torch.float32, device=device),
+        uniforms=torch.tensor(
+            [0.5 if all_greedy else uniform(s, p) for s, p in zip(seeds, positions, strict=True)],
+            dtype=torch.float64,
+            device=device,
+        ),
+        all_greedy=all_greedy,
+        needs_filter=any(k > 0 for k in top_k)
+        or any(p < 1.0 for p in top_p)
+        or any(m > 0.0 for m in min_p),
+    )
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row of `logits` [B, vocab] (float32).
+
+    Returns (token ids [B], their log-probabilities under the unmodified model distribution).
+    """
+    logprobs = torch.log_softmax(logits, dim=-1)
+    greedy = logits.argmax(dim=-1)
+    if batch.all_greedy:
+        tokens = greedy
+    else:
+        temperature = torch.where(batch.temperature > 0, batch.temperature, 1.0)
+        probs = torch.softmax(logits / temperature[:, None], dim=-1)
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        if batch.needs_filter:
+            sorted_probs = _filter(sorted_probs, batch)
+        cdf = sorted_probs.double().cumsum(dim=-1)
+        target = (batch.uniforms * cdf[:, -1])[:, None]
+        index = torch.searchsorted(cdf, target, right=True).clamp_(max=logits.shape[-1] - 1)
+        sampled = order.gather(-1, index).squeeze(-1)
+        tokens = torch.where(batch.temperature > 0, sampled, greedy)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _filter(sorted_probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Zero out what top-k, then top-p, then min-p exclude (probabilities sorted descending)."""
+    vocab = sorted_probs.shape[-1]
+    rank = torch.arange(vocab, device=sorted_probs.device)[None, :]
+    k = torch.where(batch.top_k > 0, batch.top_k, vocab)[:, None]
+    sorted_probs = sorted_probs.masked_fill(rank >= k, 0.0)
+    # top-p on the renormalized top-k distribution; the most likely token always stays
+    cumulative = sorted_probs.cumsum(dim=-1) / sorted_probs.sum(dim=-1, keepdim=True)
+    before = cumulative - sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
+    drop = (before >= batch.top_p[:, None]) & (batch.top_p[:, None] < 1.0)  # 1.0: keep all, exactly
+    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+    threshold = batch.min_p[:, None] * sorted_probs[:, :1]
+    return sorted_probs.masked_fill(sorted_probs < threshold, 0.0)

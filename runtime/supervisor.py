@@ -1,0 +1,83 @@
+"""Start the scheduler and worker actors, as child processes or as tasks, under one nursery.
+
+Either way the actors run the same code; only their addresses differ (`ipc://` or `inproc://`).
+Supervision is trio's one-cancels-all: an actor that dies, even with exit code 0, raises
+`ActorDiedError` into the engine's nursery, which cancels everything else.
+
+Children never outlive us. Each reads its stdin, a pipe from us, and exits on EOF, which the
+kernel delivers however we die, SIGKILL included (STACK.md §5: PR_SET_PDEATHSIG fires when trio's
+spawning *thread* exits, so it cannot be used). Cancellation sends SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import partial
+
+import trio
+
+from runtime.config import EngineConfig
+from runtime.scheduler_actor import SchedulerActor
+from runtime.transport import Channel, inproc_address, ipc_address
+from runtime.worker import WorkerActor
+
+
+class ActorDiedError(RuntimeError):
+    """A scheduler or worker process exited while the engine was running."""
+
+
+async def start_actors(
+    nursery: trio.Nursery, config: EngineConfig, eos_token_ids: frozenset[int], progress: bool
+) -> tuple[Channel, dict[str, trio.Process]]:
+    """Start both actors; return the frontend's channel to the scheduler (not yet ready)
+    and the child processes by role (none in inproc mode)."""
+    if config.mode == "inproc":
+        frontend_address, worker_address = inproc_address("frontend"), inproc_address("worker")
+        scheduler = SchedulerActor(config, eos_token_ids, frontend_address, worker_address)
+        await nursery.start(scheduler.run)  # listening: the worker can dial it
+        nursery.start_soon(partial(WorkerActor(config, worker_address, progress).run))
+        return Channel.dial(frontend_address), {}
+    directory = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # short: unix socket paths are
+    nursery.start_soon(_remove_on_exit, directory)
+    frontend_address = ipc_address(directory, "frontend")
+    worker_address = ipc_address(directory, "worker")
+    spec = {"config": config.to_dict(), "eos_token_ids": sorted(eos_token_ids)}
+    processes = {
+        "scheduler": await _spawn(
+            nursery, "scheduler", spec | {"listen": [frontend_address, worker_address]}
+        ),
+        "worker": await _spawn(
+            nursery, "worker", spec | {"dial": worker_address, "progress": progress}
+        ),
+    }
+    return Channel.dial(frontend_address), processes
+
+
+async def _spawn(nursery: trio.Nursery, role: str, spec: dict[str, object]) -> trio.Process:
+    command = [sys.executable, "-m", "runtime.actor_main", role, json.dumps(spec)]
+    process: trio.Process = await nursery.start(_supervise, role, command)
+    return process
+
+
+async def _supervise(
+    role: str, command: list[str], *, task_status: trio.TaskStatus[trio.Process]
+) -> None:
+    process = await trio.run_process(
+        command,
+        stdin=subprocess.PIPE,  # never written: its EOF tells the child we are gone
+        check=False,
+        start_new_session=True,  # a terminal's Ctrl-C reaches only us; we stop the children
+        task_status=task_status,
+    )
+    raise ActorDiedError(f"the {role} process exited with code {process.returncode}")
+
+
+async def _remove_on_exit(directory: str) -> None:
+    try:
+        await trio.sleep_forever()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,65 @@
+"""The paged attention reference against plain dense causal attention."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from runtime.layers.attention import AttentionMetadata, PrefillSlice, causal_mask, paged_attention
+
+HEADS, KV_HEADS, DIM, BLOCK, NUM_BLOCKS = 4, 2, 8, 4, 64
+
+
+def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int) -> torch.Tensor:
+    """Causal attention of the last n queries over the whole sequence (q, k, v: [L, h, D])."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
+    )
+    return out.transpose(0, 1)[-n:]
+
+
+def test_mixed_batch_matches_dense_attention() -> None:
+    gen = torch.Generator().manual_seed(0)
+    # (already cached tokens, new tokens) per sequence: decodes, a fresh prefill, a chunk
+    layout = [(7, 1), (12, 1), (0, 1), (0, 9), (5, 6)]
+    full = [
+        (
+            torch.randn(c + n, HEADS, DIM, generator=gen),
+            torch.randn(c + n, KV_HEADS, DIM, generator=gen),
+            torch.randn(c + n, KV_HEADS, DIM, generator=gen),
+        )
+        for c, n in layout
+    ]
+    cache = torch.zeros(2, NUM_BLOCKS, BLOCK, KV_HEADS, DIM)
+    free = torch.randperm(NUM_BLOCKS, generator=gen).tolist()
+    tables = []
+    for (c, n), (_, k, v) in zip(layout, full, strict=True):
+        table = [free.pop() for _ in range(-(-(c + n) // BLOCK))]
+        tables.append(table)
+        for p in range(c):  # the cached context is already in the cache
+            cache[0, table[p // BLOCK], p % BLOCK] = k[p]
+            cache[1, table[p // BLOCK], p % BLOCK] = v[p]
+    q = torch.cat([f[0][c:] for (c, _), f in zip(layout, full, strict=True)])
+    k = torch.cat([f[1][c:] for (c, _), f in zip(layout, full, strict=True)])
+    v = torch.cat([f[2][c:] for (c, _), f in zip(layout, full, strict=True)])
+    slots = [
+        tables[i][p // BLOCK] * BLOCK + p % BLOCK
+        for i, (c, n) in enumerate(layout)
+        for p in range(c, c + n)
+    ]
+    width = max(len(t) for t in tables[:3])
+    decode_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables[:3]])
+    lens = torch.tensor([c + n for c, n in layout[:3]])
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots),
+        num_decodes=3,
+        decode_block_tables=decode_tables,
+        decode_mask=(torch.arange(width * BLOCK)[None, :] < lens[:, None])[:, None, None, :],
+        prefills=[
+            PrefillSlice(3, 9, 9, torch.tensor(tables[3]), None),
+            PrefillSlice(12, 6, 11, torch.tensor(tables[4]), causal_mask(6, 11, q.device)),
+        ],
+    )
+    out = paged_attention(q, k, v, cache, meta, scale=DIM**-0.5)
+    expected = torch.cat([dense(*f, n) for (_, n), f in zip(layout, full, strict=True)])
+    torch.testing.assert_close(out, expected)

@@ -1,0 +1,165 @@
+"""The engine end to end: aborts, cancellation, seeds and bad input, in both actor modes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from runtime.config import EngineConfig
+from runtime.engine import Engine, open_engine
+from runtime.sampling_params import SamplingParams
+from tests.engine_helpers import collect, collect_all, random_prompts
+
+MODES = ["inproc", "process"]
+
+
+def config(model: Path, mode: str, **overrides: object) -> EngineConfig:
+    return EngineConfig(model=str(model), mode=mode, max_model_len=512).replace(**overrides)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_abort_100_of_200_in_flight_frees_every_block(llama_dir: Path, mode: str) -> None:
+    prompts = random_prompts([5 + i % 40 for i in range(200)], seed=2)
+    finished: list[str] = []
+    all_started = trio.Event()
+    started = 0
+
+    async def request(engine: Engine, i: int) -> None:
+        nonlocal started
+        params = SamplingParams(max_tokens=300 if i % 2 else 24, temperature=0.0)
+        with trio.CancelScope() as scope:
+            first = True
+            async for out in engine.generate(prompts[i], params):
+                if first:
+                    first, started = False, started + 1
+                    if started == 200:
+                        all_started.set()
+                if i % 2 and all_started.is_set():
+                    if i % 4 == 1:
+                        scope.cancel()  # cancelled from outside its loop body
+                    else:
+                        break  # or the consumer simply stops iterating
+                await trio.sleep(0)
+            if out.finished:
+                finished.append(out.finish_reason or "")
+
+    async with open_engine(config(llama_dir, mode, max_num_seqs=256)) as engine:
+        async with trio.open_nursery() as nursery:
+            for i in range(200):
+                nursery.start_soon(request, engine, i)
+        stats = await engine.fetch_statistics()
+    assert finished == ["length"] * 100
+    assert stats.scheduler.num_aborts == 100  # exactly one abort per abandoned request
+    assert stats.kv_cache_usage == 0.0
+    assert stats.scheduler.num_free_blocks == stats.scheduler.num_total_blocks
+    assert stats.num_requests_running == stats.num_requests_waiting == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_cancelled_waiting_request_is_never_sent(llama_dir: Path, mode: str) -> None:
+    async with open_engine(config(llama_dir, mode)) as engine:
+        with trio.CancelScope() as scope:
+            scope.cancel()  # cancelled before its first checkpoint
+            await collect(engine, [1, 2, 3], SamplingParams(max_tokens=5))
+        assert (await collect(engine, [1, 2, 3], SamplingParams(max_tokens=5)))["tokens"]
+        stats = await engine.fetch_statistics()
+    assert stats.scheduler.num_aborts == 0  # the add was dropped from the outbox instead
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_seeded_sampling_is_the_same_alone_or_in_a_batch(llama_dir: Path, mode: str) -> None:
+    seeded = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, top_k=50, seed=1234)
+    prompt = random_prompts([20], seed=3)[0]
+    others = random_prompts([3 + 11 * i for i in range(15)], seed=4)
+    async with open_engine(config(llama_dir, mode)) as engine:
+        alone = await collect(engine, prompt, seeded)
+        batch = await collect_all(
+            engine, [prompt, *others], SamplingParams(max_tokens=24, temperature=1.0)
+        )
+        seeded_in_batch = await collect_all(engine, [*others[:7], prompt, *others[7:]], seeded)
+        unseeded = await collect_all(engine, [prompt] * 2, SamplingParams(max_tokens=24))
+    assert seeded_in_batch[7]["tokens"] == alone["tokens"]
+    assert batch[0]["tokens"] != alone["tokens"]  # a different seed draws differently
+    assert unseeded[0]["tokens"] != unseeded[1]["tokens"]
+
+
+async def test_stop_conditions(llama_dir: Path) -> None:
+    async with open_engine(config(llama_dir, "inproc")) as engine:
+        free = await collect(engine, [5, 6, 7], SamplingParams(max_tokens=30, temperature=0.0))
+        stop_at = free["tokens"][3]
+        first = free["tokens"].index(stop_at)
+        stopped = await collect(
+            engine, [5, 6, 7],
+            SamplingParams(max_tokens=30, temperature=0.0, stop_token_ids=(stop_at,)),
+        )
+        # an unbounded request runs to the context limit
+        to_limit = await collect(engine, [5] * 500, SamplingParams(temperature=0.0,
+                                                                   ignore_eos=True))
+    assert stopped["tokens"] == free["tokens"][: first + 1]
+    assert stopped["finish_reason"] == "stop"
+    assert free["finish_reason"] == "length" and len(free["tokens"]) == 30
+    assert len(to_limit["tokens"]) == 12 and to_limit["finish_reason"] == "length"
+    assert all(lp <= 0.0 for lp in free["logprobs"])
+
+
+async def test_text_prompt_is_tokenized(llama_dir: Path) -> None:
+    async with open_engine(config(llama_dir, "inproc")) as engine:
+        by_text = await collect(engine, "def hello():", SamplingParams(max_tokens=8, temperature=0))
+        ids = engine.tokenizer.encode("def hello():")
+        by_ids = await collect(engine, ids, SamplingParams(max_tokens=8, temperature=0))
+    assert by_text["tokens"] == by_ids["tokens"]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "message"),
+    [
+        ([], SamplingParams(), "the prompt is empty"),
+        ("", SamplingParams(), "the prompt is empty"),
+        ([1, 2, 4096], SamplingParams(), "token ids must be ints in \\[0, 4096\\)"),
+        ([1, -1], SamplingParams(), "token ids must be ints"),
+        ([1] * 512, SamplingParams(), "the prompt has 512 tokens"),
+        ([1] * 500, SamplingParams(max_tokens=13), "maximum context length is 512"),
+    ],
+)
+async def test_bad_requests_raise_and_the_engine_keeps_serving(
+    llama_dir: Path, prompt: object, params: SamplingParams, message: str
+) -> None:
+    async with open_engine(config(llama_dir, "inproc")) as engine:
+        with pytest.raises(ValueError, match=message):
+            await collect(engine, prompt, params)  # type: ignore[arg-type]
+        assert (await collect(engine, [1, 2], SamplingParams(max_tokens=2)))["tokens"]
+
+
+def test_bad_sampling_params_raise() -> None:
+    for kwargs in ({"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"min_p": 2},
+                   {"max_tokens": 0}, {"stop": ("",)}, {"temperature": float("nan")}):
+        with pytest.raises(ValueError):
+            SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+async def test_duplicate_request_id_is_refused(llama_dir: Path) -> None:
+    async with open_engine(config(llama_dir, "inproc")) as engine:
+        params = SamplingParams(max_tokens=200)
+        stream = engine.generate([1, 2], params, rid="same")
+        first = await anext(stream)
+        with pytest.raises(ValueError, match="already in use"):
+            await collect_rid(engine, "same")
+        assert first.token_ids
+        await stream.aclose()
+
+
+async def collect_rid(engine: Engine, rid: str) -> None:
+    async for _ in engine.generate([3], SamplingParams(max_tokens=2), rid=rid):
+        pass
+
+
+async def test_health_and_statistics(llama_dir: Path) -> None:
+    async with open_engine(config(llama_dir, "inproc")) as engine:
+        with trio.fail_after(5):
+            await engine.check_health()
+        await collect_all(engine, random_prompts([10] * 4), SamplingParams(max_tokens=5))
+        stats = await engine.fetch_statistics()
+    assert stats.scheduler.num_generated_tokens == 20
+    assert stats.scheduler.forward_seconds > 0 and stats.scheduler.num_steps >= 5

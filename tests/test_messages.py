@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from runtime.messages import (
+    _TAG_OF,
+    AddRequest,
+    EngineReady,
+    NewSeq,
+    Ping,
+    Pong,
+    SchedulerStats,
+    Shutdown,
+    StepOutputs,
+    StepPlan,
+    StepResult,
+    StepTimings,
+    Submit,
+    WireError,
+    WorkerReady,
+    decode,
+    encode,
+)
+from runtime.sampling_params import SamplingParams
+
+PARAMS = SamplingParams(
+    max_tokens=7,
+    temperature=0.5,
+    top_k=3,
+    top_p=0.9,
+    min_p=0.1,
+    seed=2**63,
+    ignore_eos=True,
+    stop_token_ids=(5, 6),
+    stop=("END",),
+)
+STATS = SchedulerStats(1, 2, 3, 4, 5, 6, 7, 8, 9, 0.1, 0.2, 0.3, 0.4, 0.5)
+EXAMPLES = [
+    PARAMS,
+    AddRequest("r1", (1, 2, 3), PARAMS),
+    Submit((AddRequest("r1", (1,), SamplingParams()),), ("r0", "r2")),
+    Submit((), ()),
+    Ping(3),
+    Pong(3, None),
+    Pong(4, STATS),
+    Shutdown(),
+    NewSeq(1, (4, 5), 2, 0, PARAMS),
+    StepPlan(9, (NewSeq(1, (4, 5), 2, 0, PARAMS),), (1, 2), (2, 1), (1, 1), (7, 8), (3,)),
+    WorkerReady(100),
+    StepTimings(0.1, 0.2, 0.3),
+    StepResult(9, (1, 2), (10, 11), (-0.5, -1.0), StepTimings(0.1, 0.2, 0.3)),
+    EngineReady(100, 2048),
+    STATS,
+    StepOutputs(("a", "b"), (1, 2), (-0.1, -0.2), (None, "stop"), (0, 16), STATS),
+]
+
+
+def test_every_message_type_has_an_example() -> None:
+    assert {type(m) for m in EXAMPLES} == set(_TAG_OF)
+
+
+@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_round_trip(msg: object) -> None:
+    assert decode(encode(msg)) == msg
+
+
+@pytest.mark.parametrize(
+    ("wire", "error"),
+    [
+        (b"\xc1", "not a msgpack message"),
+        (msgpack.packb({"tag": 4}), "expected \\[tag, fields...\\]"),
+        (msgpack.packb([]), "expected \\[tag, fields...\\]"),
+        (msgpack.packb([999, 1]), "unknown message tag 999"),
+        (msgpack.packb([4]), "Ping: expected 1 fields, got 0"),
+        (msgpack.packb([4, 1, 2]), "Ping: expected 1 fields, got 2"),
+        (msgpack.packb([4, "1"]), "Ping.nonce: expected int, got str"),
+        (msgpack.packb([4, True]), "Ping.nonce: expected int, got bool"),
+        (msgpack.packb([2, "r", [1, "x"], [1]]), "prompt_token_ids\\[1\\]: expected int"),
+        (msgpack.packb([2, "r", [1], [4, 1]]), "AddRequest.params: expected SamplingParams"),
+        (msgpack.packb([1, 0, 1.0, 0, 1.0, 0.0, None, False, [], []]), "max_tokens must be"),
+        (msgpack.packb([1, None, "hot", 0, 1.0, 0.0, None, False, [], []]), "temperature: exp"),
+        (msgpack.packb([3, [], "abc"]), "Submit.aborts: expected a list"),
+    ],
+)
+def test_malformed_input_is_rejected_with_a_clear_error(wire: bytes, error: str) -> None:
+    with pytest.raises(WireError, match=error):
+        decode(wire)
+
+
+def test_unregistered_objects_cannot_be_encoded() -> None:
+    with pytest.raises(TypeError, match="not a registered message"):
+        encode(Ping(object()))  # type: ignore[arg-type]

@@ -1,0 +1,93 @@
+"""Supervision of the actor processes: failures propagate, and no child outlives its parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from runtime.config import EngineConfig
+from runtime.engine import open_engine
+from runtime.request_stream import EngineDeadError
+from runtime.sampling_params import SamplingParams
+from runtime.supervisor import ActorDiedError
+
+PARENT = """
+import sys, trio
+from runtime.config import EngineConfig
+from runtime.engine import open_engine
+
+async def main():
+    async with open_engine(EngineConfig(model=sys.argv[1], mode="process")) as engine:
+        print(*(p.pid for p in engine.processes.values()), flush=True)
+        await trio.sleep_forever()
+
+trio.run(main)
+"""
+
+
+async def wait_for_exit(pid: int) -> None:
+    """Wait (without polling) until a process that is not our child has exited."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        await trio.lowlevel.wait_readable(fd)
+    finally:
+        os.close(fd)
+
+
+async def test_children_die_when_the_parent_is_sigkilled(llama_dir: Path) -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(llama_dir)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        line = await trio.to_thread.run_sync(parent.stdout.readline)
+        children = [int(pid) for pid in line.split()]
+        assert len(children) == 2
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        with trio.fail_after(10):
+            for pid in children:
+                await wait_for_exit(pid)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+async def test_a_dead_worker_takes_the_engine_down(llama_dir: Path) -> None:
+    errors: list[BaseException] = []
+    died = pytest.RaisesExc(ActorDiedError, match="the worker process exited with code -9")
+    with pytest.RaisesGroup(died, flatten_subgroups=True):
+        async with open_engine(EngineConfig(model=str(llama_dir), mode="process")) as engine:
+
+            async def doomed_request() -> None:
+                try:
+                    async for _ in engine.generate([1, 2, 3], SamplingParams(max_tokens=500)):
+                        engine.processes["worker"].kill()
+                except BaseException as exc:
+                    errors.append(exc)
+                    raise
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(doomed_request)
+    assert errors and isinstance(errors[0], trio.Cancelled | EngineDeadError)
+
+
+async def test_a_checkpoint_error_in_the_worker_surfaces(tmp_path: Path, llama_dir: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in os.listdir(llama_dir):
+        (broken / name).write_bytes((llama_dir / name).read_bytes())
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    died = pytest.RaisesExc(ActorDiedError, match="the worker process exited with code 1")
+    with pytest.RaisesGroup(died, flatten_subgroups=True):
+        async with open_engine(EngineConfig(model=str(broken), mode="process")):
+            pass

@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import torch
+
+from runtime.sampler import make_sampling_batch, sample, uniform
+
+CPU = torch.device("cpu")
+
+
+def rows(
+    n: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    seed: int = 0,
+) -> list[tuple[float, int, float, float, int, int]]:
+    return [(temperature, top_k, top_p, min_p, seed, i) for i in range(n)]
+
+
+def test_uniform_is_open_interval_and_deterministic() -> None:
+    values = [uniform(seed, pos) for seed in range(50) for pos in range(50)]
+    assert all(0.0 < v < 1.0 for v in values)
+    assert values == [uniform(seed, pos) for seed in range(50) for pos in range(50)]
+    assert 0.45 < sum(values) / len(values) < 0.55
+
+
+def test_greedy_is_argmax_with_raw_logprobs() -> None:
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
+    tokens, logprobs = sample(logits, make_sampling_batch(rows(5, temperature=0.0), CPU))
+    assert tokens.tolist() == logits.argmax(-1).tolist()
+    expected = torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    torch.testing.assert_close(logprobs, expected)
+
+
+def test_filters_that_leave_one_token_equal_greedy() -> None:
+    logits = torch.randn(6, 100, generator=torch.Generator().manual_seed(1))
+    greedy = logits.argmax(-1).tolist()
+    for kwargs in ({"top_k": 1}, {"top_p": 1e-6}, {"min_p": 1.0}):
+        tokens, _ = sample(logits, make_sampling_batch(rows(6, **kwargs), CPU))
+        assert tokens.tolist() == greedy, kwargs
+
+
+def test_top_k_and_top_p_only_pick_allowed_tokens() -> None:
+    logits = torch.linspace(0, 5, 20).repeat(400, 1)  # same distribution in every row
+    probs = torch.softmax(logits[0], -1)
+    tokens, _ = sample(logits, make_sampling_batch(rows(400, top_k=3), CPU))
+    assert set(tokens.tolist()) <= {17, 18, 19}
+    tokens, _ = sample(logits, make_sampling_batch(rows(400, top_p=0.5), CPU))
+    order = probs.argsort(descending=True).tolist()
+    keep = next(i for i in range(20) if probs[order[: i + 1]].sum() >= 0.5) + 1
+    assert set(tokens.tolist()) <= set(order[:keep])
+
+
+def test_sampling_follows_the_distribution() -> None:
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().repeat(4000, 1)
+    tokens, _ = sample(logits, make_sampling_batch(rows(4000, seed=7), CPU))
+    freq = torch.bincount(tokens, minlength=4).float() / 4000
+    assert torch.allclose(freq, probs, atol=0.03), freq
+
+
+def test_temperature_sharpens() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0]]).repeat(2000, 1)
+    cold, _ = sample(logits, make_sampling_batch(rows(2000, temperature=0.2), CPU))
+    hot, _ = sample(logits, make_sampling_batch(rows(2000, temperature=2.0), CPU))
+    assert (cold == 0).float().mean() > 0.95
+    assert (hot == 0).float().mean() < 0.6
+
+
+def test_a_row_draws_the_same_token_whatever_its_batch() -> None:
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(16, 64, generator=gen)
+    params = [(0.8, 0, 0.9, 0.0, 1000 + i, 5) for i in range(16)]
+    together, _ = sample(logits, make_sampling_batch(params, CPU))
+    alone = [
+        sample(logits[i : i + 1], make_sampling_batch([params[i]], CPU))[0].item()
+        for i in range(16)
+    ]
+    assert together.tolist() == alone
