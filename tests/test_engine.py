@@ -25,25 +25,26 @@ async def test_abort_100_of_200_in_flight_frees_every_block(llama_dir: Path, mod
     finished: list[str] = []
     all_started = trio.Event()
     started = 0
+    counted = [False] * 200
 
     async def request(engine: Engine, i: int) -> None:
         nonlocal started
-        params = SamplingParams(max_tokens=300 if i % 2 else 24, temperature=0.0)
+        abandon = i % 2 == 1  # the odd half gets abandoned mid-generation
+        params = SamplingParams(max_tokens=300 if abandon else 24, temperature=0.0)
         with trio.CancelScope() as scope:
-            first = True
             async for out in engine.generate(prompts[i], params):
-                if first:
-                    first, started = False, started + 1
+                if out.finished:
+                    finished.append(out.finish_reason or "")
+                if not counted[i]:
+                    counted[i], started = True, started + 1
                     if started == 200:
                         all_started.set()
-                if i % 2 and all_started.is_set():
+                if abandon and all_started.is_set():
                     if i % 4 == 1:
-                        scope.cancel()  # cancelled from outside its loop body
+                        scope.cancel()  # cancelled, as a disconnect or a deadline would
                     else:
                         break  # or the consumer simply stops iterating
-                await trio.sleep(0)
-            if out.finished:
-                finished.append(out.finish_reason or "")
+                await trio.lowlevel.checkpoint()
 
     async with open_engine(config(llama_dir, mode, max_num_seqs=256)) as engine:
         async with trio.open_nursery() as nursery:
@@ -91,12 +92,14 @@ async def test_stop_conditions(llama_dir: Path) -> None:
         stop_at = free["tokens"][3]
         first = free["tokens"].index(stop_at)
         stopped = await collect(
-            engine, [5, 6, 7],
+            engine,
+            [5, 6, 7],
             SamplingParams(max_tokens=30, temperature=0.0, stop_token_ids=(stop_at,)),
         )
         # an unbounded request runs to the context limit
-        to_limit = await collect(engine, [5] * 500, SamplingParams(temperature=0.0,
-                                                                   ignore_eos=True))
+        to_limit = await collect(
+            engine, [5] * 500, SamplingParams(temperature=0.0, ignore_eos=True)
+        )
     assert stopped["tokens"] == free["tokens"][: first + 1]
     assert stopped["finish_reason"] == "stop"
     assert free["finish_reason"] == "length" and len(free["tokens"]) == 30
@@ -133,8 +136,15 @@ async def test_bad_requests_raise_and_the_engine_keeps_serving(
 
 
 def test_bad_sampling_params_raise() -> None:
-    for kwargs in ({"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"min_p": 2},
-                   {"max_tokens": 0}, {"stop": ("",)}, {"temperature": float("nan")}):
+    for kwargs in (
+        {"temperature": -1},
+        {"top_p": 0},
+        {"top_k": -2},
+        {"min_p": 2},
+        {"max_tokens": 0},
+        {"stop": ("",)},
+        {"temperature": float("nan")},
+    ):
         with pytest.raises(ValueError):
             SamplingParams(**kwargs)  # type: ignore[arg-type]
 

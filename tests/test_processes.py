@@ -44,22 +44,23 @@ async def wait_for_exit(pid: int) -> None:
 
 
 async def test_children_die_when_the_parent_is_sigkilled(llama_dir: Path) -> None:
-    parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, str(llama_dir)], stdout=subprocess.PIPE, text=True
-    )
+    command = [sys.executable, "-c", PARENT, str(llama_dir)]
+    parent = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE)
     try:
         assert parent.stdout is not None
-        line = await trio.to_thread.run_sync(parent.stdout.readline)
+        line = b""
+        while not line.endswith(b"\n"):
+            line += await parent.stdout.receive_some()
         children = [int(pid) for pid in line.split()]
         assert len(children) == 2
         parent.send_signal(signal.SIGKILL)
-        parent.wait()
+        await parent.wait()
         with trio.fail_after(10):
             for pid in children:
                 await wait_for_exit(pid)
     finally:
         parent.kill()
-        parent.wait()
+        await parent.wait()
 
 
 async def test_a_dead_worker_takes_the_engine_down(llama_dir: Path) -> None:
