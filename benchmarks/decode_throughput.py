@@ -1,0 +1,115 @@
+"""Decode throughput of the engine at several batch sizes, and where each step's time goes.
+
+    python -m benchmarks.decode_throughput [--model DIR] [--mode process] [--batch 1 8 32 64]
+
+For each batch size, B requests with random prompts decode `--output-len` tokens each
+(ignore_eos, greedy). Throughput counts the tokens generated while every request decodes. The
+split comes from the actors' statistics over the same window: scheduling (scheduler core),
+input preparation, model forward and sampling (worker), messaging (everything between the
+scheduler sending a plan and receiving its result that the worker did not spend computing:
+codec, nng hops, the worker's thread hop), and the frontend (the rest of the wall time per
+step: dispatching outputs to requests and waking their tasks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import trio
+
+from runtime.builtin_model import builtin_model_dir
+from runtime.config import EngineConfig
+from runtime.engine import Engine, open_engine
+from runtime.messages import SchedulerStats
+from runtime.sampling_params import SamplingParams
+
+
+async def run_batch(engine: Engine, batch: int, prompt_len: int, output_len: int) -> dict:
+    rng = random.Random(batch)
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    prompts = [[rng.randrange(3, 4000) for _ in range(prompt_len)] for _ in range(batch)]
+    decoding = 0
+    window: dict[str, object] = {}
+
+    async def request(prompt: list[int]) -> None:
+        nonlocal decoding
+        counted = False
+        async for _ in engine.generate(prompt, params):
+            if not counted:
+                counted, decoding = True, decoding + 1
+                if decoding == batch:  # every request has its first token: pure decode now
+                    window["start"], window["stats"] = time.perf_counter(), engine.statistics()
+
+    async with trio.open_nursery() as nursery:
+        for prompt in prompts:
+            nursery.start_soon(request, prompt)
+    elapsed = time.perf_counter() - window["start"]  # type: ignore[operator]
+    end = await engine.fetch_statistics()
+    return summarize(batch, elapsed, window["stats"].scheduler, end.scheduler)  # type: ignore[attr-defined]
+
+
+def summarize(batch: int, elapsed: float, a: SchedulerStats, b: SchedulerStats) -> dict:
+    steps = max(1, b.num_steps - a.num_steps)
+    tokens = b.num_generated_tokens - a.num_generated_tokens
+    worker = (
+        (b.prepare_seconds - a.prepare_seconds)
+        + (b.forward_seconds - a.forward_seconds)
+        + (b.sample_seconds - a.sample_seconds)
+    )
+    step = b.step_seconds - a.step_seconds
+    schedule = b.schedule_seconds - a.schedule_seconds
+    per_step = {
+        "schedule": schedule,
+        "prepare": b.prepare_seconds - a.prepare_seconds,
+        "forward": b.forward_seconds - a.forward_seconds,
+        "sample": b.sample_seconds - a.sample_seconds,
+        "messaging": step - worker,
+        "frontend": elapsed - step - schedule,
+    }
+    return {
+        "batch": batch,
+        "tokens_per_s": tokens / elapsed,
+        "step_ms": 1000 * elapsed / steps,
+        **{k: 1000 * v / steps for k, v in per_step.items()},
+    }
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    model = args.model or str(builtin_model_dir())
+    config = EngineConfig(
+        model=model, mode=args.mode, max_num_seqs=max(args.batch), num_threads=args.threads
+    )
+    async with open_engine(config) as engine:
+        await run_batch(engine, 4, args.prompt_len, 16)  # warm-up: first-call costs
+        print(
+            f"model={model} mode={args.mode} prompt_len={args.prompt_len} "
+            f"output_len={args.output_len}"
+        )
+        print(
+            f"{'batch':>5} {'tok/s':>8} {'step ms':>8} | {'sched':>6} {'prep':>6} {'fwd':>6} "
+            f"{'sample':>6} {'msg':>6} {'front':>6}  (ms per step)"
+        )
+        for batch in args.batch:
+            r = await run_batch(engine, batch, args.prompt_len, args.output_len)
+            print(
+                f"{r['batch']:>5} {r['tokens_per_s']:>8.0f} {r['step_ms']:>8.2f} | "
+                f"{r['schedule']:>6.2f} {r['prepare']:>6.2f} {r['forward']:>6.2f} "
+                f"{r['sample']:>6.2f} {r['messaging']:>6.2f} {r['frontend']:>6.2f}"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="checkpoint directory (default: the built-in model)")
+    parser.add_argument("--mode", choices=["process", "inproc"], default="process")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads in the worker")
+    trio.run(main_async, parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()
