@@ -2,11 +2,11 @@
 
     async with open_engine(EngineConfig(model="path/to/checkpoint")) as engine:
         async for out in engine.generate("Hello", SamplingParams(max_tokens=16)):
-            print(out.token_ids, out.finish_reason)
+            print(out.text, end="")
 
-A request lives in the task that iterates `generate`. Cancel that task, or stop iterating, and the
-request is aborted exactly once: its `finally` puts an abort in the outbox, a synchronous call that
-no cancellation can interrupt, and the sender task delivers it with the next `Submit`.
+A request lives in the task that iterates `generate`. Cancel that task, or stop iterating, and
+the request is aborted exactly once: its `finally` puts the abort in the outbox, a synchronous
+call that no cancellation can interrupt, and the sender task delivers it with the next `Submit`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import random
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 import trio
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -33,32 +32,15 @@ from runtime.messages import (
     WireError,
 )
 from runtime.model_info import ModelInfo, load_model_info, resolve_max_model_len
+from runtime.output_processor import OutputProcessor
+from runtime.protocol import EngineClient, EngineStats, ModelCard
 from runtime.request_stream import EngineDeadError, RequestOutput, RequestStream
 from runtime.sampling_params import SamplingParams
 from runtime.supervisor import start_actors
 from runtime.transport import Channel
 
 
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    """A snapshot of the engine, as of the scheduler's latest message.
-
-    Attributes:
-        num_requests_running: sequences in the running batch.
-        num_requests_waiting: sequences queued (new or preempted).
-        num_requests_open: requests whose `generate` is still being iterated.
-        kv_cache_usage: fraction of KV blocks held by sequences, 0 to 1.
-        scheduler: the scheduler's full counters (steps, timings, preemptions...).
-    """
-
-    num_requests_running: int
-    num_requests_waiting: int
-    num_requests_open: int
-    kv_cache_usage: float
-    scheduler: SchedulerStats
-
-
-class Engine:
+class Engine(EngineClient):
     def __init__(
         self,
         config: EngineConfig,
@@ -71,80 +53,69 @@ class Engine:
         self.info = info
         self.tokenizer = tokenizer
         self.max_model_len = ready.max_model_len
+        self.processes: dict[str, trio.Process] = {}  # actor processes by role (process mode)
         self._channel = channel
         self._streams: dict[str, RequestStream] = {}
-        self._pending_adds: dict[str, AddRequest] = {}
+        self._no_requests = trio.Event()
+        self._no_requests.set()
+        self._pending_adds: dict[str, tuple[int, AddRequest]] = {}  # rid -> (call order, add)
+        self._call_order = itertools.count()
         self._pending_aborts: list[str] = []
         self._pending_pings: list[int] = []
         self._outbox_ready = trio.Event()
         self._pongs: dict[int, trio.Event] = {}
         self._nonces = itertools.count()
         self._dead: BaseException | None = None
-        self.processes: dict[str, trio.Process] = {}  # actor processes by role (process mode)
+        self._prompt_tokens = 0
         self._stats = SchedulerStats(
             0, 0, ready.num_kv_blocks, ready.num_kv_blocks, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0
         )
 
-    # -- public API ----------------------------------------------------------------------
+    # -- EngineClient --------------------------------------------------------------------
 
-    async def generate(
+    @property
+    def model_card(self) -> ModelCard:
+        return ModelCard(self.config.model, self.max_model_len, self.info.vocab_size)
+
+    def generate(
         self,
         prompt: str | Sequence[int],
         params: SamplingParams | None = None,
         *,
         rid: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Generate from a prompt (text, or token ids); yields new tokens as they come.
+        """Generate from a prompt (text, or token ids); yields outputs as tokens come.
 
-        Raises ValueError for a bad prompt or parameters before anything is queued, and
-        EngineDeadError if the engine stops while the request runs.
+        Raises ValueError for a bad prompt or parameters right away, before anything is
+        queued; the iterator raises EngineDeadError if the engine stops mid-request.
         """
-        token_ids = self._tokenize(prompt)
+        token_ids = self._tokenize_prompt(prompt)
         params = self._resolve_params(params or SamplingParams(), len(token_ids))
         rid = rid if rid is not None else uuid.uuid4().hex
         if rid in self._streams:
             raise ValueError(f"request id {rid!r} is already in use")
-        if self._dead is not None:
-            raise EngineDeadError("the engine is not running") from self._dead
-        await trio.lowlevel.checkpoint_if_cancelled()  # already cancelled: queue nothing
-        stream = RequestStream(rid, len(token_ids))
-        self._streams[rid] = stream
-        self._pending_adds[rid] = AddRequest(rid, tuple(token_ids), params)
-        self._outbox_ready.set()
-        try:
-            while True:
-                output = await stream.next_output()
-                yield output
-                if output.finished:
-                    return
-        finally:
-            del self._streams[rid]
-            if not stream.finished:
-                self._abort_nowait(rid)
+        return self._run(rid, token_ids, params, next(self._call_order))
+
+    def abort(self, rid: str) -> None:
+        stream = self._streams.get(rid)
+        if stream is not None:
+            stream.end("abort")
+            self._abort_upstream(rid, stream)
+
+    def abort_all(self) -> None:
+        for rid in list(self._streams):
+            self.abort(rid)
+
+    async def wait_no_requests(self) -> None:
+        await self._no_requests.wait()
 
     async def check_health(self) -> None:
-        """Return once the scheduler and the worker have both answered a ping.
-
-        Put a deadline around it (`trio.move_on_after`): a hung actor never answers.
-        """
         await self._ping()
 
     async def fetch_statistics(self) -> EngineStats:
         """Fresh statistics: a round trip through both actors, after all earlier submissions."""
         await self._ping()
         return self.statistics()
-
-    async def _ping(self) -> None:
-        if self._dead is not None:
-            raise EngineDeadError("the engine is not running") from self._dead
-        nonce = next(self._nonces)
-        answered = self._pongs[nonce] = trio.Event()
-        self._pending_pings.append(nonce)  # via the outbox: after everything submitted so far
-        self._outbox_ready.set()
-        try:
-            await answered.wait()
-        finally:
-            del self._pongs[nonce]
 
     def statistics(self) -> EngineStats:
         s = self._stats
@@ -154,24 +125,84 @@ class Engine:
             num_requests_waiting=s.num_waiting,
             num_requests_open=len(self._streams),
             kv_cache_usage=used / s.num_total_blocks if s.num_total_blocks else 0.0,
+            prompt_tokens_total=self._prompt_tokens,
+            generation_tokens_total=s.num_generated_tokens,
             scheduler=s,
         )
 
-    # -- request intake ------------------------------------------------------------------
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def _tokenize(self, prompt: str | Sequence[int]) -> list[int]:
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        self._check_token_ids(token_ids)
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=False))
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("this model has no chat template; use /v1/completions")
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as exc:  # jinja errors from a template that rejects the messages
+            raise ValueError(f"the chat template rejected the messages: {exc}") from None
+        return str(text)
+
+    # -- requests ------------------------------------------------------------------------
+
+    async def _run(
+        self, rid: str, token_ids: list[int], params: SamplingParams, order: int
+    ) -> AsyncIterator[RequestOutput]:
+        if self._dead is not None:
+            raise EngineDeadError("the engine is not running") from self._dead
+        await trio.lowlevel.checkpoint_if_cancelled()  # already cancelled: queue nothing
+        if rid in self._streams:
+            raise ValueError(f"request id {rid!r} is already in use")
+        processor = OutputProcessor(rid, self.tokenizer, token_ids, params)
+        stream = self._streams[rid] = RequestStream()
+        self._no_requests = trio.Event()
+        add = AddRequest(rid, tuple(token_ids), params.replace(stop=()))
+        self._pending_adds[rid] = (order, add)
+        self._prompt_tokens += len(token_ids)
+        self._outbox_ready.set()
+        try:
+            while True:
+                output = processor.process(await stream.next_output())
+                if output.finished:
+                    stream.end(output.finish_reason or "stop")  # a stop string ends it here
+                yield output
+                if output.finished:
+                    return
+        finally:
+            del self._streams[rid]
+            self._abort_upstream(rid, stream)
+            if not self._streams:
+                self._no_requests.set()
+
+    def _abort_upstream(self, rid: str, stream: RequestStream) -> None:
+        """Tell the scheduler to drop `rid`, unless it is done with it: exactly once."""
+        if stream.upstream_done:
+            return
+        stream.upstream_done = True
+        if self._pending_adds.pop(rid, None) is None:  # never sent: nothing to abort
+            self._pending_aborts.append(rid)
+            self._outbox_ready.set()
+
+    def _tokenize_prompt(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
-            token_ids = self.tokenizer.encode(prompt)
+            token_ids = self.tokenize(prompt)
         else:
             token_ids = list(prompt)
-            bad = [t for t in token_ids if not (type(t) is int and 0 <= t < self.info.vocab_size)]
-            if bad:
-                raise ValueError(
-                    f"token ids must be ints in [0, {self.info.vocab_size}): {bad[:5]}"
-                )
+            self._check_token_ids(token_ids)
         if not token_ids:
             raise ValueError("the prompt is empty")
         return token_ids
+
+    def _check_token_ids(self, token_ids: Sequence[int]) -> None:
+        vocab = self.info.vocab_size
+        bad = [t for t in token_ids if not (type(t) is int and 0 <= t < vocab)]
+        if bad:
+            raise ValueError(f"token ids must be ints in [0, {vocab}), got {bad[:5]}")
 
     def _resolve_params(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
         room = self.max_model_len - num_prompt_tokens
@@ -186,24 +217,35 @@ class Engine:
                 f"{num_prompt_tokens + params.max_tokens} were requested ({num_prompt_tokens} in "
                 f"the prompt, {params.max_tokens} to generate)"
             )
+        vocab = self.info.vocab_size
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be below the vocabulary size {vocab}")
         return params.replace(
             max_tokens=params.max_tokens or room,
             seed=params.seed if params.seed is not None else random.getrandbits(63),
-            stop=(),  # stop strings are matched on text, here in the frontend
         )
 
-    def _abort_nowait(self, rid: str) -> None:
-        if self._pending_adds.pop(rid, None) is None:  # never sent: nothing to abort
-            self._pending_aborts.append(rid)
-            self._outbox_ready.set()
-
     # -- actor tasks ---------------------------------------------------------------------
+
+    async def _ping(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError("the engine is not running") from self._dead
+        nonce = next(self._nonces)
+        answered = self._pongs[nonce] = trio.Event()
+        self._pending_pings.append(nonce)  # via the outbox: after everything submitted so far
+        self._outbox_ready.set()
+        try:
+            await answered.wait()
+        finally:
+            del self._pongs[nonce]
 
     async def _send_loop(self) -> None:
         while True:
             await self._outbox_ready.wait()
             self._outbox_ready = trio.Event()
-            adds, self._pending_adds = tuple(self._pending_adds.values()), {}
+            # first come (first `generate` call), first served, whatever order tasks ran in
+            adds = tuple(add for _, add in sorted(self._pending_adds.values()))
+            self._pending_adds = {}
             aborts, self._pending_aborts = tuple(self._pending_aborts), []
             pings, self._pending_pings = self._pending_pings, []
             if adds or aborts:
@@ -226,6 +268,7 @@ class Engine:
                     raise WireError(f"frontend got an unexpected {type(msg).__name__}")
 
     def _dispatch(self, msg: StepOutputs) -> None:
+        """Hand each request its token. Never waits: a slow consumer just gets tokens merged."""
         self._stats = msg.stats
         streams = self._streams
         for rid, token_id, logprob, reason, cached in zip(
@@ -237,7 +280,7 @@ class Engine:
             strict=True,
         ):
             stream = streams.get(rid)
-            if stream is not None:  # else: aborted by its consumer while the step ran
+            if stream is not None:  # else: abandoned by its consumer while the step ran
                 stream.push(token_id, logprob, reason, cached)
 
     def _fail_all(self, error: BaseException) -> None:

@@ -14,13 +14,15 @@ import trio
 
 @dataclass(frozen=True, slots=True)
 class RequestOutput:
-    """New tokens of one request since its previous output.
+    """What one request produced since its previous output.
 
     Attributes:
         rid: the request id.
-        token_ids: tokens generated since the last output (at least one, unless finished).
+        token_ids: tokens generated since the last output (none only on a final output).
         logprobs: log-probability of each of those tokens under the model.
+        text: the text those tokens add (stop strings and stop tokens excluded).
         finish_reason: None while running; "stop", "length" or "abort" on the last output.
+        matched_stop: the stop string or stop token id that ended the request, if any.
         num_prompt_tokens: prompt length in tokens.
         num_cached_tokens: prompt tokens served from the prefix cache.
     """
@@ -28,7 +30,9 @@ class RequestOutput:
     rid: str
     token_ids: list[int]
     logprobs: list[float]
+    text: str
     finish_reason: str | None
+    matched_stop: str | int | None
     num_prompt_tokens: int
     num_cached_tokens: int
 
@@ -37,11 +41,27 @@ class RequestOutput:
         return self.finish_reason is not None
 
 
+@dataclass(frozen=True, slots=True)
+class TokenOutput:
+    """Tokens as the scheduler reported them, before the frontend adds text."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str | None
+    num_cached_tokens: int
+
+
 class EngineDeadError(RuntimeError):
     """The engine stopped (an actor died, or it shut down) while the request was running."""
 
 
 class RequestStream:
+    """Tokens for one request, pushed by the dispatch loop and taken by the request's task.
+
+    `upstream_done` becomes True once the scheduler has nothing more for this request: it
+    finished it, or we sent it an abort. It guards the rule of exactly one abort per request.
+    """
+
     __slots__ = (
         "_error",
         "_finish_reason",
@@ -49,14 +69,12 @@ class RequestStream:
         "_token_ids",
         "_wakeup",
         "num_cached_tokens",
-        "num_prompt_tokens",
-        "rid",
+        "upstream_done",
     )
 
-    def __init__(self, rid: str, num_prompt_tokens: int) -> None:
-        self.rid = rid
-        self.num_prompt_tokens = num_prompt_tokens
+    def __init__(self) -> None:
         self.num_cached_tokens = 0
+        self.upstream_done = False
         self._token_ids: list[int] = []
         self._logprobs: list[float] = []
         self._finish_reason: str | None = None
@@ -68,18 +86,27 @@ class RequestStream:
         return self._finish_reason is not None or self._error is not None
 
     def push(self, token_id: int, logprob: float, finish_reason: str | None, cached: int) -> None:
+        if self._finish_reason is not None:
+            return  # ended locally (abort) while this step ran
         self._token_ids.append(token_id)
         self._logprobs.append(logprob)
         self._finish_reason = finish_reason
+        self.upstream_done = finish_reason is not None
         self.num_cached_tokens = cached
         self._wakeup.set()
+
+    def end(self, finish_reason: str) -> None:
+        """Finish the request here, whatever the scheduler still sends."""
+        if not self.finished:
+            self._finish_reason = finish_reason
+            self._wakeup.set()
 
     def fail(self, error: BaseException) -> None:
         if not self.finished:
             self._error = error
             self._wakeup.set()
 
-    async def next_output(self) -> RequestOutput:
+    async def next_output(self) -> TokenOutput:
         """Wait for new tokens (or the end) and take everything pending."""
         await trio.lowlevel.checkpoint_if_cancelled()
         while not self._token_ids and not self.finished:
@@ -89,11 +116,4 @@ class RequestStream:
             raise self._error
         token_ids, self._token_ids = self._token_ids, []
         logprobs, self._logprobs = self._logprobs, []
-        return RequestOutput(
-            self.rid,
-            token_ids,
-            logprobs,
-            self._finish_reason,
-            self.num_prompt_tokens,
-            self.num_cached_tokens,
-        )
+        return TokenOutput(token_ids, logprobs, self._finish_reason, self.num_cached_tokens)

@@ -173,3 +173,43 @@ async def test_health_and_statistics(llama_dir: Path) -> None:
         stats = await engine.fetch_statistics()
     assert stats.scheduler.num_generated_tokens == 20
     assert stats.scheduler.forward_seconds > 0 and stats.scheduler.num_steps >= 5
+
+
+async def test_stop_strings_end_the_request_at_the_match(llama_dir: Path) -> None:
+    greedy = SamplingParams(max_tokens=40, temperature=0.0)
+    async with open_engine(config(llama_dir, "inproc")) as engine:
+        free = await collect(engine, "The def statement", greedy)
+        text = free["text"]
+        stop = text[len(text) // 2 : len(text) // 2 + 3]  # three characters from the middle
+        stopped = await collect(engine, "The def statement", greedy.replace(stop=(stop, "zzzz")))
+        stats = await engine.fetch_statistics()
+    assert stopped["text"] == text[: text.index(stop)]
+    assert stopped["finish_reason"] == "stop" and stopped["matched_stop"] == stop
+    assert len(stopped["tokens"]) < len(free["tokens"])
+    assert stopped["tokens"] == free["tokens"][: len(stopped["tokens"])]
+    assert stats.scheduler.num_aborts == 1  # the scheduler was told to stop generating
+    assert stats.kv_cache_usage == 0.0
+
+
+async def test_stop_token_text_is_not_output(llama_dir: Path) -> None:
+    greedy = SamplingParams(max_tokens=20, temperature=0.0)
+    async with open_engine(config(llama_dir, "inproc")) as engine:
+        free = await collect(engine, "class Foo:", greedy)
+        stop_id = free["tokens"][5]
+        stopped = await collect(engine, "class Foo:", greedy.replace(stop_token_ids=(stop_id,)))
+    first = free["tokens"].index(stop_id)
+    assert stopped["tokens"] == free["tokens"][: first + 1]
+    assert stopped["matched_stop"] == stop_id
+    assert stopped["text"] == engine.tokenizer.decode(free["tokens"][:first])
+
+
+async def test_abort_by_id_ends_the_stream(llama_dir: Path) -> None:
+    async with open_engine(config(llama_dir, "inproc")) as engine:
+        outputs = engine.generate([1, 2, 3], SamplingParams(max_tokens=400), rid="mine")
+        first = await anext(outputs)
+        engine.abort("mine")
+        rest = [out async for out in outputs]
+        stats = await engine.fetch_statistics()
+    assert first.finish_reason is None
+    assert rest[-1].finish_reason == "abort"
+    assert stats.scheduler.num_aborts == 1 and stats.kv_cache_usage == 0.0

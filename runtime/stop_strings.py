@@ -1,0 +1,40 @@
+"""Stop strings on streamed text: trim the match, and hold back what could still become one."""
+
+from __future__ import annotations
+
+
+class StopStringMatcher:
+    """Feed it text as it is generated; it says what is safe to show and when to stop."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self._stops = stops
+        self._longest = max(len(s) for s in stops)
+        self._held = ""  # text received but not yet released
+
+    def feed(self, text: str, final: bool) -> tuple[str, str | None]:
+        """Returns (text to release now, the stop string matched or None).
+
+        After a match, the text before it is released and nothing more should be fed.
+        """
+        self._held += text
+        first: tuple[int, str] | None = None
+        for stop in self._stops:
+            at = self._held.find(stop)
+            if at >= 0 and (first is None or at < first[0]):
+                first = (at, stop)
+        if first is not None:
+            released, self._held = self._held[: first[0]], ""
+            return released, first[1]
+        keep = 0 if final else self._partial_match_length()
+        cut = len(self._held) - keep
+        released, self._held = self._held[:cut], self._held[cut:]
+        return released, None
+
+    def _partial_match_length(self) -> int:
+        """Length of the longest tail of the held text that begins some stop string."""
+        held = self._held
+        for length in range(min(len(held), self._longest - 1), 0, -1):
+            tail = held[-length:]
+            if any(stop.startswith(tail) for stop in self._stops):
+                return length
+        return 0
