@@ -1,0 +1,32 @@
+"""The engine: `open_engine(EngineConfig(...))` and `Engine.generate(prompt, SamplingParams(...))`.
+
+Imports are lazy so that actor processes (the scheduler) load only what they use: no torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runtime.config import EngineConfig
+    from runtime.engine import Engine, open_engine
+    from runtime.request_stream import RequestOutput
+    from runtime.sampling_params import SamplingParams
+
+__all__ = ["Engine", "EngineConfig", "RequestOutput", "SamplingParams", "open_engine"]
+
+_WHERE = {
+    "Engine": "runtime.engine",
+    "open_engine": "runtime.engine",
+    "EngineConfig": "runtime.config",
+    "RequestOutput": "runtime.request_stream",
+    "SamplingParams": "runtime.sampling_params",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'runtime' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_WHERE[name]), name)

@@ -1,0 +1,134 @@
+"""The quart-trio application: routes, authentication, and errors as OpenAI error objects.
+
+`create_app` takes any `EngineClient`; this package never imports the concrete engine.
+"""
+
+from __future__ import annotations
+
+import time
+
+import trio
+from quart import Response, jsonify, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from api import native_api, openai_api
+from api.errors import APIError
+from api.schemas import DetokenizeRequest, TokenizeRequest
+from api.state import ServerSettings, ServerState
+from runtime.protocol import EngineClient
+
+# Paths anyone may read without the API key: probes and scrapers rarely carry one.
+_PUBLIC = frozenset({"/health", "/metrics"})
+
+
+def create_app(engine: EngineClient, settings: ServerSettings) -> QuartTrio:
+    app = QuartTrio(__name__)
+    app.config.update(
+        RESPONSE_TIMEOUT=None,  # never cut a long stream (Quart's default is 60 s)
+        BODY_TIMEOUT=60,
+        MAX_CONTENT_LENGTH=32 * 2**20,
+    )
+    state = ServerState(engine, settings)
+    app.extensions["runtime"] = state
+    _register_basics(app, state)
+    openai_api.register(app, state)
+    native_api.register(app, state)
+    _register_errors(app)
+    return app
+
+
+def server_state(app: QuartTrio) -> ServerState:
+    state: ServerState = app.extensions["runtime"]
+    return state
+
+
+def _register_basics(app: QuartTrio, state: ServerState) -> None:
+    created = int(time.time())
+
+    @app.before_request
+    async def authenticate() -> None:
+        key = state.settings.api_key
+        if key is None or request.path in _PUBLIC:
+            return
+        if request.headers.get("Authorization", "") != f"Bearer {key}":
+            raise APIError(401, "missing or wrong API key", code="invalid_api_key")
+
+    @app.get("/health")
+    async def health() -> Response:
+        with trio.move_on_after(state.settings.health_timeout):
+            await state.engine.check_health()
+            return jsonify({"status": "ok"})
+        raise APIError(503, "the engine did not answer in time", code="unhealthy")
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        card = state.engine.model_card
+        model = {
+            "id": state.settings.served_model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "runtime",
+            "root": card.path,
+            "max_model_len": card.max_model_len,
+        }
+        return jsonify({"object": "list", "data": [model]})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        stats = state.engine.statistics()
+        with trio.move_on_after(1.0):  # fresher figures if the actors answer quickly
+            stats = await state.engine.fetch_statistics()
+        return Response(
+            state.metrics.render(stats),
+            200,
+            {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+        )
+
+    @app.post("/tokenize")
+    async def tokenize() -> Response:
+        req = await state.parse(TokenizeRequest)
+        state.check_model(req.model)
+        if req.messages is not None:
+            text = openai_api.render_chat_text(
+                state, [{"role": m.role, "content": m.text()} for m in req.messages]
+            )
+            tokens = state.engine.tokenize(text, add_special_tokens=False)
+        else:
+            tokens = state.engine.tokenize(req.prompt or "", req.add_special_tokens)
+        card = state.engine.model_card
+        return jsonify(
+            {"count": len(tokens), "max_model_len": card.max_model_len, "tokens": tokens}
+        )
+
+    @app.post("/detokenize")
+    async def detokenize() -> Response:
+        req = await state.parse(DetokenizeRequest)
+        state.check_model(req.model)
+        try:
+            text = state.engine.detokenize(req.tokens)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="tokens") from None
+        return jsonify({"prompt": text})
+
+
+def _register_errors(app: QuartTrio) -> None:
+    @app.errorhandler(APIError)
+    async def api_error(error: APIError) -> Response:
+        return _error_response(error)
+
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException) -> Response:  # 404 route, 405, 413 ...
+        status = error.code or 500
+        return _error_response(APIError(status, error.description or error.name))
+
+    @app.errorhandler(Exception)
+    async def internal_error(error: Exception) -> Response:
+        app.logger.exception("request failed", exc_info=error)
+        return _error_response(APIError(500, f"internal error: {type(error).__name__}"))
+
+
+def _error_response(error: APIError) -> Response:
+    response = jsonify(error.body())
+    response.status_code = error.status
+    return response

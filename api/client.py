@@ -1,0 +1,205 @@
+"""A trio-native client for the runtime's OpenAI-compatible API (any such server works).
+
+    async with Client("http://127.0.0.1:8000", api_key=None) as client:
+        reply = await client.chat([{"role": "user", "content": "Hi"}], max_tokens=32)
+        print(reply.choices[0].message.content)
+        async for chunk in client.stream_completions("Once upon", max_tokens=32):
+            print(chunk.choices[0].text, end="")
+
+Errors from the server raise `APIStatusError` with its status and message. Cancelling the task
+that iterates a stream closes its connection, and the server aborts the request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+class APIStatusError(Exception):
+    """The server answered with an error status (or an in-band error while streaming)."""
+
+    def __init__(self, status_code: int, body: dict[str, Any]) -> None:
+        error = body.get("error") if isinstance(body.get("error"), dict) else {}
+        self.status_code = status_code
+        self.message: str = error.get("message") or json.dumps(body)
+        self.type: str | None = error.get("type")
+        self.param: str | None = error.get("param")
+        self.code: str | None = error.get("code")
+        super().__init__(f"{status_code}: {self.message}")
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def parse(cls, data: dict[str, Any] | None) -> Usage | None:
+        if not data:
+            return None
+        return cls(data["prompt_tokens"], data["completion_tokens"], data["total_tokens"])
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionChoice:
+    index: int
+    text: str
+    finish_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A `/v1/completions` answer, or one streamed chunk of it."""
+
+    id: str
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> Completion:
+        choices = [
+            CompletionChoice(c["index"], c["text"], c.get("finish_reason")) for c in data["choices"]
+        ]
+        return cls(data["id"], data["model"], choices, Usage.parse(data.get("usage")))
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str | None
+    content: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatChoice:
+    index: int
+    message: ChatMessage  # for a streamed chunk: the delta
+    finish_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatCompletion:
+    """A `/v1/chat/completions` answer, or one streamed chunk (whose messages are deltas)."""
+
+    id: str
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> ChatCompletion:
+        choices = []
+        for c in data["choices"]:
+            message = c.get("message") or c.get("delta") or {}
+            choices.append(
+                ChatChoice(
+                    c["index"],
+                    ChatMessage(message.get("role"), message.get("content")),
+                    c.get("finish_reason"),
+                )
+            )
+        return cls(data["id"], data["model"], choices, Usage.parse(data.get("usage")))
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    id: str
+    max_model_len: int | None
+
+
+class Client:
+    def __init__(
+        self, base_url: str, api_key: str | None = None, *, timeout: float | None = 600.0
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout
+        )
+        self._default_model: str | None = None
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._http.aclose()
+
+    async def models(self) -> list[Model]:
+        data = await self._request("GET", "/v1/models")
+        return [Model(m["id"], m.get("max_model_len")) for m in data["data"]]
+
+    async def health(self) -> bool:
+        """True if the server and its engine answer."""
+        try:
+            response = await self._http.get("/health")
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def completions(
+        self, prompt: str | list[int] | list[str], *, model: str | None = None, **params: Any
+    ) -> Completion:
+        body = {"model": await self._model(model), "prompt": prompt, **params}
+        return Completion.parse(await self._request("POST", "/v1/completions", body))
+
+    async def stream_completions(
+        self, prompt: str | list[int] | list[str], *, model: str | None = None, **params: Any
+    ) -> AsyncIterator[Completion]:
+        body = {"model": await self._model(model), "prompt": prompt, "stream": True, **params}
+        async for data in self._stream("/v1/completions", body):
+            yield Completion.parse(data)
+
+    async def chat(
+        self, messages: list[dict[str, Any]], *, model: str | None = None, **params: Any
+    ) -> ChatCompletion:
+        body = {"model": await self._model(model), "messages": messages, **params}
+        return ChatCompletion.parse(await self._request("POST", "/v1/chat/completions", body))
+
+    async def stream_chat(
+        self, messages: list[dict[str, Any]], *, model: str | None = None, **params: Any
+    ) -> AsyncIterator[ChatCompletion]:
+        body = {"model": await self._model(model), "messages": messages, "stream": True, **params}
+        async for data in self._stream("/v1/chat/completions", body):
+            yield ChatCompletion.parse(data)
+
+    async def _model(self, model: str | None) -> str:
+        """The given model, or the first one the server lists (asked once)."""
+        if model is not None:
+            return model
+        if self._default_model is None:
+            self._default_model = (await self.models())[0].id
+        return self._default_model
+
+    async def _request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        response = await self._http.request(method, path, json=body)
+        data = _json(response.content)
+        if response.status_code != 200:
+            raise APIStatusError(response.status_code, data)
+        return data
+
+    async def _stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        async with self._http.stream("POST", path, json=body) as response:
+            if response.status_code != 200:
+                raise APIStatusError(response.status_code, _json(await response.aread()))
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue  # blank separators and comments
+                if line == "data: [DONE]":
+                    return
+                data = json.loads(line[len("data: ") :])
+                if "error" in data:
+                    raise APIStatusError(200, data)
+                yield data
+
+
+def _json(content: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(content)
+    except ValueError:
+        return {"error": {"message": content.decode(errors="replace")}}
+    return data if isinstance(data, dict) else {"error": {"message": str(data)}}

@@ -1,0 +1,79 @@
+"""SGLang's native `POST /generate`: text or token ids in, text, ids and meta_info out."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from quart import Quart, Response, jsonify
+
+from api.openai_api import start
+from api.schemas import GenerateRequest
+from api.state import ServerState
+from api.streaming import (
+    SSE_DONE,
+    Collected,
+    collect_all,
+    error_event,
+    merged,
+    sse_event,
+    sse_response,
+)
+from runtime.request_stream import RequestOutput
+
+
+def register(app: Quart, state: ServerState) -> None:
+    @app.post("/generate")
+    async def generate() -> Response:
+        req = await state.parse(GenerateRequest)
+        state.admit()
+        rid = req.rid or uuid.uuid4().hex
+        prompt = req.text if req.text is not None else req.input_ids
+        streams = start(state, [prompt], req.sampling_params.sampling_params(), [rid])
+        if req.stream:
+            return await sse_response(events(state, app, streams, rid))
+        (result,) = await collect_all(streams, state.metrics)
+        return jsonify(body(rid, result))
+
+
+async def events(
+    state: ServerState, app: Any, streams: list[AsyncIterator[RequestOutput]], rid: str
+) -> AsyncIterator[bytes]:
+    """Like SGLang: each event carries the whole text and ids so far."""
+    result = Collected()
+    try:
+        async with aclosing(merged(streams, state.metrics, app.nursery)) as outputs:
+            async for _, out in outputs:
+                result.add(out)
+                yield sse_event(body(rid, result))
+    except Exception as exc:
+        yield error_event(exc)
+    yield SSE_DONE
+
+
+def body(rid: str, result: Collected) -> dict[str, Any]:
+    return {
+        "text": result.text,
+        "output_ids": result.token_ids,
+        "meta_info": {
+            "id": rid,
+            "finish_reason": finish_reason(result),
+            "prompt_tokens": result.num_prompt_tokens,
+            "completion_tokens": len(result.token_ids),
+            "cached_tokens": result.num_cached_tokens,
+        },
+    }
+
+
+def finish_reason(result: Collected) -> dict[str, Any] | None:
+    match result.finish_reason:
+        case None:
+            return None
+        case "stop":
+            return {"type": "stop", "matched": result.matched_stop}
+        case "length":
+            return {"type": "length", "length": len(result.token_ids)}
+        case other:
+            return {"type": other}

@@ -1,0 +1,222 @@
+"""Request bodies, validated strictly: wrong types, out-of-range values and unknown fields are
+400s that name the field. Fields we know but do not implement are accepted only at their
+no-op value (e.g. `n: 1`, `logprobs: null`), so nothing a client asks for is silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from api.errors import unsupported
+from runtime.sampling_params import SamplingParams
+
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class Sampling(Strict):
+    """The sampling fields shared by completions and chat completions."""
+
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    stop: NonEmptyStr | list[NonEmptyStr] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    seed: int | None = None
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    n: int = 1
+    # Known to OpenAI or vLLM, not implemented: accepted only at their no-op values.
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int | None = None
+
+    @model_validator(mode="after")
+    def _reject_unimplemented(self) -> Sampling:
+        if self.n != 1:
+            raise unsupported("n", "only n=1 is supported")
+        noops: dict[str, Any] = {
+            "presence_penalty": (None, 0, 0.0),
+            "frequency_penalty": (None, 0, 0.0),
+            "repetition_penalty": (None, 1, 1.0),
+            "logit_bias": (None, {}),
+            "min_tokens": (None, 0),
+        }
+        for name, allowed in noops.items():
+            if getattr(self, name) not in allowed:
+                raise unsupported(name, "is not supported yet")
+        if self.stream_options is not None and not self.stream:
+            raise unsupported("stream_options", "is only allowed with stream=true")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling_params(self, max_tokens: int | None) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0,
+            seed=self.seed,
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            stop=tuple(stop),
+        )
+
+
+class CompletionRequest(Sampling):
+    model: str
+    prompt: NonEmptyStr | TokenIds | Annotated[list[NonEmptyStr | TokenIds], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _reject_unimplemented_completion_fields(self) -> CompletionRequest:
+        if self.best_of not in (None, 1):
+            raise unsupported("best_of", "only best_of=1 is supported")
+        if self.logprobs is not None:
+            raise unsupported("logprobs", "is not supported yet")
+        if self.echo:
+            raise unsupported("echo", "is not supported yet")
+        if self.suffix:
+            raise unsupported("suffix", "is not supported")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per choice: a text, or a list of token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [p]  # type: ignore[list-item]
+        return list(p)  # type: ignore[arg-type]
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(Sampling):
+    model: str
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _reject_unimplemented_chat_fields(self) -> ChatCompletionRequest:
+        if self.logprobs or self.top_logprobs is not None:
+            raise unsupported("logprobs", "is not supported yet")
+        if self.tools or self.tool_choice not in (None, "none"):
+            raise unsupported("tools", "tool calling is not supported yet")
+        if self.response_format not in (None, {"type": "text"}):
+            raise unsupported("response_format", "only text output is supported")
+        return self
+
+    def conversation(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+    @property
+    def max_output_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class NativeSamplingParams(Strict):
+    """SGLang's `sampling_params` object."""
+
+    max_new_tokens: Annotated[int, Field(ge=1)] | None = 128
+    temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Field(ge=-1)] = -1
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    stop: NonEmptyStr | list[NonEmptyStr] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def sampling_params(self) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return SamplingParams(
+            max_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            seed=self.seed,
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            stop=tuple(stop),
+        )
+
+
+class GenerateRequest(Strict):
+    """SGLang's native `POST /generate`: one prompt, as `text` or as `input_ids`."""
+
+    text: NonEmptyStr | None = None
+    input_ids: TokenIds | None = None
+    sampling_params: NativeSamplingParams = Field(default_factory=NativeSamplingParams)
+    stream: bool = False
+    rid: NonEmptyStr | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerateRequest:
+        if (self.text is None) == (self.input_ids is None):
+            raise unsupported("text", "give exactly one of text or input_ids")
+        return self
+
+
+class TokenizeRequest(Strict):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise unsupported("prompt", "give exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(Strict):
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0)]]

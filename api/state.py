@@ -1,0 +1,68 @@
+"""What every handler shares: the engine client, the settings, metrics, and body parsing."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+from quart import request
+
+from api.errors import APIError, from_validation_error
+from api.metrics import Metrics
+from runtime.protocol import EngineClient
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """Options of the HTTP layer.
+
+    Attributes:
+        served_model_name: the `model` clients must name.
+        api_key: if set, required as `Authorization: Bearer <key>` (except /health, /metrics).
+        max_open_requests: more open requests than this get 503 until some finish.
+        health_timeout: seconds the actors get to answer a /health ping.
+    """
+
+    served_model_name: str
+    api_key: str | None = None
+    max_open_requests: int = 4096
+    health_timeout: float = 5.0
+
+
+@dataclass(slots=True)
+class ServerState:
+    engine: EngineClient
+    settings: ServerSettings
+    metrics: Metrics = field(default_factory=Metrics)
+    draining: bool = False
+
+    async def parse(self, model: type[Model]) -> Model:
+        """The request's JSON body as `model`, or an APIError(400) naming what is wrong."""
+        raw = await request.get_data()
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise APIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "the body must be a JSON object", code="invalid_json")
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            raise from_validation_error(exc) from None
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.settings.served_model_name:
+            raise APIError(
+                404, f"The model `{name}` does not exist.", param="model", code="model_not_found"
+            )
+
+    def admit(self) -> None:
+        """Refuse new work while draining or over capacity (503: clients should retry)."""
+        if self.draining:
+            raise APIError(503, "the server is shutting down", code="shutting_down")
+        if self.engine.statistics().num_requests_open >= self.settings.max_open_requests:
+            raise APIError(503, "the server is overloaded; retry later", code="overloaded")

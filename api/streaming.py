@@ -1,0 +1,140 @@
+"""Running requests for a handler: collect them whole, or stream them as server-sent events.
+
+A client that disconnects mid-stream makes hypercorn cancel the response; the generators here
+are closed (`aclosing`), which closes the engine's iterator, which aborts the request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from quart import Response, make_response
+
+from api.errors import APIError
+from api.metrics import Metrics
+from runtime.request_stream import RequestOutput
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse_event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def sse_response(events: AsyncIterator[bytes]) -> Response:
+    response: Response = await make_response(
+        events,
+        200,
+        {
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        },
+    )
+    response.timeout = None  # Quart's 60 s RESPONSE_TIMEOUT would cut long streams
+    return response
+
+
+@dataclass(slots=True)
+class Collected:
+    """A finished request, whole."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    matched_stop: str | int | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+
+    def add(self, out: RequestOutput) -> None:
+        self.text += out.text
+        self.token_ids += out.token_ids
+        self.finish_reason = out.finish_reason
+        self.matched_stop = out.matched_stop
+        self.num_prompt_tokens = out.num_prompt_tokens
+        self.num_cached_tokens = out.num_cached_tokens
+
+
+async def collect_all(
+    streams: list[AsyncIterator[RequestOutput]], metrics: Metrics
+) -> list[Collected]:
+    """Run every request to its end, concurrently."""
+    results = [Collected() for _ in streams]
+
+    async def run(i: int) -> None:
+        timer = metrics.timer()
+        async with aclosing(streams[i]) as outputs:
+            async for out in outputs:
+                timer.tokens(len(out.token_ids))
+                results[i].add(out)
+        timer.finish()
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(streams)):
+            nursery.start_soon(run, i)
+    return results
+
+
+async def merged(
+    streams: list[AsyncIterator[RequestOutput]], metrics: Metrics, nursery: trio.Nursery
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(choice index, output) as each request produces them, with latency metrics.
+
+    Several requests run as producer tasks in the app's nursery (a generator must not yield
+    inside a nursery of its own); closing this generator cancels them, which aborts them.
+    """
+    if len(streams) == 1:
+        timer = metrics.timer()
+        async with aclosing(streams[0]) as outputs:
+            async for out in outputs:
+                timer.tokens(len(out.token_ids))
+                yield 0, out
+        timer.finish()
+        return
+    send, receive = trio.open_memory_channel[tuple[int, RequestOutput | Exception]](math.inf)
+    scopes = [trio.CancelScope() for _ in streams]
+    for i, stream in enumerate(streams):
+        nursery.start_soon(_produce, i, stream, send.clone(), scopes[i], metrics)
+    send.close()
+    try:
+        async with receive:
+            async for i, item in receive:
+                if isinstance(item, Exception):
+                    raise item
+                yield i, item
+    finally:
+        for scope in scopes:
+            scope.cancel()
+
+
+async def _produce(
+    i: int,
+    stream: AsyncIterator[RequestOutput],
+    send: trio.MemorySendChannel[tuple[int, RequestOutput | Exception]],
+    scope: trio.CancelScope,
+    metrics: Metrics,
+) -> None:
+    timer = metrics.timer()
+    with scope, contextlib.suppress(trio.BrokenResourceError):  # the consumer left: we stop
+        async with send, aclosing(stream) as outputs:
+            try:
+                async for out in outputs:
+                    timer.tokens(len(out.token_ids))
+                    send.send_nowait((i, out))  # unbounded, but never more than max_tokens
+            except Exception as exc:  # hand it to the consumer: the app nursery must not die
+                send.send_nowait((i, exc))
+                return
+    timer.finish()
+
+
+def error_event(exc: Exception) -> bytes:
+    """An in-band error for a stream whose 200 status is already sent."""
+    error = exc if isinstance(exc, APIError) else APIError(500, str(exc) or type(exc).__name__)
+    return sse_event(error.body())

@@ -1,0 +1,186 @@
+"""The `runtime` command: `runtime serve` and `runtime make-model`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from functools import partial
+from pathlib import Path
+
+import trio
+
+from runtime.config import EngineConfig, parse_size
+
+logger = logging.getLogger("runtime")
+
+# After the drain deadline, how long hypercorn may take to finish before we stop waiting for
+# it: only a client that stopped reading can hold it up that long (STACK.md §1.4).
+HARD_EXIT_GRACE = 3.0
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "make-model":
+        from tools.tiny_model import make_tiny_model
+
+        print(
+            f"wrote {args.arch} checkpoint to {make_tiny_model(args.out_dir, args.arch, args.seed)}"
+        )
+        return
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("runtime.hypercorn").setLevel(logging.WARNING)
+    try:
+        config = engine_config(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        trio.run(serve_main, args, config)
+    except* (ValueError, FileNotFoundError) as group:
+        for exc in group.exceptions:
+            logger.error("%s", exc)
+        sys.exit(2)
+    except* Exception as group:
+        for exc in group.exceptions:
+            logger.error("the server stopped: %s", exc)
+        sys.exit(1)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="runtime", description="An LLM serving runtime on trio.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    serve.add_argument("--model", help="Hugging Face checkpoint directory (default: built-in)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    serve.add_argument("--served-model-name", help="the model name clients use")
+    serve.add_argument("--max-num-seqs", type=int, default=128)
+    serve.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    serve.add_argument("--max-model-len", type=int, default=0, help="0: the model's own limit")
+    serve.add_argument("--kv-cache-memory", default="256MiB", help="KV pool size, e.g. 2GiB")
+    serve.add_argument("--block-size", type=int, default=16)
+    serve.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
+    )
+    serve.add_argument("--device", default="cpu")
+    serve.add_argument("--threads", type=int, default=0, help="torch threads in the worker")
+    serve.add_argument("--mode", default="process", choices=["process", "inproc"])
+    serve.add_argument("--no-prefix-caching", action="store_true")
+    serve.add_argument("--api-key", default=os.environ.get("RUNTIME_API_KEY"))
+    serve.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="seconds in-flight requests get after SIGTERM",
+    )
+    serve.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
+    )
+    make = commands.add_parser("make-model", help="write a tiny deterministic test checkpoint")
+    make.add_argument("out_dir", type=Path)
+    make.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3"])
+    make.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model or "",
+        mode=args.mode,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        block_size=args.block_size,
+        kv_cache_memory=parse_size(args.kv_cache_memory),
+        enable_prefix_caching=not args.no_prefix_caching,
+        dtype=args.dtype,
+        device=args.device,
+        num_threads=args.threads,
+    )
+
+
+async def serve_main(args: argparse.Namespace, config: EngineConfig) -> None:
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_signals, shutdown, args.drain_timeout)
+        await run_server(args, config, shutdown)
+        nursery.cancel_scope.cancel()  # stop watching signals
+
+
+async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: trio.Event) -> None:
+    """Start the engine, serve until `shutdown`, drain. A signal during startup cancels it."""
+    from api.server import serve
+    from api.state import ServerSettings
+    from runtime.engine import open_engine
+
+    ready = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_cancel_unless_ready, shutdown, ready, nursery.cancel_scope)
+        default_name = Path(config.model).name
+        if not config.model:
+            config = config.replace(model=str(await builtin_model()))
+            default_name = "tiny-llama"
+        async with open_engine(config, progress=True) as engine:
+            name = args.served_model_name or default_name
+            settings = ServerSettings(served_model_name=name, api_key=args.api_key)
+            async with trio.open_nursery() as server:
+                binds = await server.start(
+                    partial(
+                        serve,
+                        engine,
+                        settings,
+                        host=args.host,
+                        port=args.port,
+                        shutdown=shutdown,
+                        drain_timeout=args.drain_timeout,
+                    )
+                )
+                ready.set()
+                logger.info("serving %s at %s (OpenAI API under %s/v1)", name, binds[0], binds[0])
+        nursery.cancel_scope.cancel()
+
+
+async def _cancel_unless_ready(
+    shutdown: trio.Event, ready: trio.Event, scope: trio.CancelScope
+) -> None:
+    await shutdown.wait()
+    if not ready.is_set():
+        logger.info("shutdown requested during startup")
+        scope.cancel()
+
+
+async def builtin_model() -> Path:
+    from runtime.builtin_model import BUILTIN_VERSION, builtin_model_dir
+
+    logger.info("using the built-in model %s (written on first use)", BUILTIN_VERSION)
+    return await trio.to_thread.run_sync(builtin_model_dir)
+
+
+async def watch_signals(shutdown: trio.Event, drain_timeout: float) -> None:
+    """First SIGTERM/SIGINT: drain, with a hard-exit watchdog. A second one: exit now."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            if shutdown.is_set():
+                logger.warning("second signal: exiting now")
+                os._exit(1)  # children see their stdin close and exit too
+            logger.info("%s: shutting down", signal.Signals(signum).name)
+            shutdown.set()
+            timer = threading.Timer(drain_timeout + HARD_EXIT_GRACE, _hard_exit)
+            timer.daemon = True
+            timer.start()
+
+
+def _hard_exit() -> None:
+    logger.warning("shutdown is stuck (a client stopped reading?): exiting anyway")
+    logging.shutdown()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

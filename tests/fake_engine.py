@@ -1,0 +1,117 @@
+"""A scripted `EngineClient` for fast tests of `api/` (the real engine has end-to-end tests)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from runtime.messages import SchedulerStats
+from runtime.protocol import EngineClient, EngineStats, ModelCard
+from runtime.request_stream import RequestOutput
+from runtime.sampling_params import SamplingParams
+
+WORDS = ["alpha ", "beta ", "gamma ", "delta ", "eps ", "zeta ", "eta ", "theta "]
+
+
+@dataclass
+class FakeEngine(EngineClient):
+    """Each request yields one word per output until max_tokens (default 4)."""
+
+    max_model_len: int = 64
+    healthy: bool = True
+    requests: list[tuple[object, SamplingParams, str]] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    open: set[str] = field(default_factory=set)
+    step: trio.Event | None = None  # if set, each output waits for it (tests pace streams)
+
+    @property
+    def model_card(self) -> ModelCard:
+        return ModelCard("/fake/model", self.max_model_len, 100)
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        rid: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        params = params or SamplingParams()
+        token_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(f"this model's maximum context length is {self.max_model_len}")
+        rid = rid or f"r{len(self.requests)}"
+        self.requests.append((prompt, params, rid))
+        return self._run(rid, len(token_ids), params)
+
+    async def _run(
+        self, rid: str, prompt_len: int, params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        self.open.add(rid)
+        done = False
+        try:
+            count = params.max_tokens or 4
+            for i in range(count):
+                if self.step is not None:
+                    await self.step.wait()
+                await trio.lowlevel.checkpoint()
+                word = WORDS[i % len(WORDS)]
+                stop = next((s for s in params.stop if s in word), None)
+                if stop is not None:
+                    done = True
+                    yield self._output(rid, [i], word[: word.index(stop)], "stop", stop, prompt_len)
+                    return
+                reason = "length" if i == count - 1 else None
+                done = reason is not None
+                yield self._output(rid, [i], word, reason, None, prompt_len)
+        finally:
+            self.open.discard(rid)
+            (self.finished if done else self.aborted).append(rid)
+
+    @staticmethod
+    def _output(
+        rid: str,
+        ids: list[int],
+        text: str,
+        reason: str | None,
+        matched: str | int | None,
+        prompt_len: int,
+    ) -> RequestOutput:
+        return RequestOutput(rid, ids, [-0.5] * len(ids), text, reason, matched, prompt_len, 0)
+
+    def abort(self, rid: str) -> None:
+        self.aborted.append(rid)
+
+    def abort_all(self) -> None:
+        pass
+
+    async def wait_no_requests(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def check_health(self) -> None:
+        if not self.healthy:
+            await trio.sleep_forever()
+        await trio.lowlevel.checkpoint()
+
+    async def fetch_statistics(self) -> EngineStats:
+        await trio.lowlevel.checkpoint()
+        return self.statistics()
+
+    def statistics(self) -> EngineStats:
+        stats = SchedulerStats(len(self.open), 0, 90, 100, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        return EngineStats(len(self.open), 0, len(self.open), 0.1, 7, 11, stats)
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) % 100 for c in text]
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        if any(t >= 100 for t in token_ids):
+            raise ValueError("token ids must be ints in [0, 100)")
+        return "".join(chr(t + 32) for t in token_ids)
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
