@@ -24,7 +24,7 @@ class APIStatusError(Exception):
     """The server answered with an error status (or an in-band error while streaming)."""
 
     def __init__(self, status_code: int, body: dict[str, Any]) -> None:
-        error = body.get("error") if isinstance(body.get("error"), dict) else {}
+        error: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else {}
         self.status_code = status_code
         self.message: str = error.get("message") or json.dumps(body)
         self.type: str | None = error.get("type")

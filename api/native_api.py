@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -39,7 +39,7 @@ def register(app: Quart, state: ServerState) -> None:
 
 
 async def events(
-    state: ServerState, app: Any, streams: list[AsyncIterator[RequestOutput]], rid: str
+    state: ServerState, app: Any, streams: list[AsyncGenerator[RequestOutput, None]], rid: str
 ) -> AsyncIterator[bytes]:
     """Like SGLang: each event carries the whole text and ids so far."""
     result = Collected()

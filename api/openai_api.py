@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -90,7 +90,7 @@ def register(app: Quart, state: ServerState) -> None:
 
 def start(
     state: ServerState, prompts: list[Any], params: SamplingParams, rids: list[str]
-) -> list[AsyncIterator[RequestOutput]]:
+) -> list[AsyncGenerator[RequestOutput, None]]:
     """Validate every prompt before any is queued; a bad one is a 400 for the whole request."""
     try:
         return [
@@ -129,7 +129,7 @@ def usage(results: list[Collected]) -> dict[str, Any]:
 async def completion_events(
     state: ServerState,
     app: Any,
-    streams: list[AsyncIterator[RequestOutput]],
+    streams: list[AsyncGenerator[RequestOutput, None]],
     head: dict[str, Any],
     include_usage: bool,
 ) -> AsyncIterator[bytes]:
@@ -157,7 +157,7 @@ async def completion_events(
 async def chat_events(
     state: ServerState,
     app: Any,
-    streams: list[AsyncIterator[RequestOutput]],
+    streams: list[AsyncGenerator[RequestOutput, None]],
     head: dict[str, Any],
     include_usage: bool,
 ) -> AsyncIterator[bytes]:

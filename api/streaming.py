@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +29,7 @@ def sse_event(payload: dict[str, Any]) -> bytes:
 
 
 async def sse_response(events: AsyncIterator[bytes]) -> Response:
-    response: Response = await make_response(
+    response = await make_response(
         events,
         200,
         {
@@ -38,6 +38,7 @@ async def sse_response(events: AsyncIterator[bytes]) -> Response:
             "X-Accel-Buffering": "no",
         },
     )
+    assert isinstance(response, Response)
     response.timeout = None  # Quart's 60 s RESPONSE_TIMEOUT would cut long streams
     return response
 
@@ -63,7 +64,7 @@ class Collected:
 
 
 async def collect_all(
-    streams: list[AsyncIterator[RequestOutput]], metrics: Metrics
+    streams: list[AsyncGenerator[RequestOutput, None]], metrics: Metrics
 ) -> list[Collected]:
     """Run every request to its end, concurrently."""
     results = [Collected() for _ in streams]
@@ -83,8 +84,8 @@ async def collect_all(
 
 
 async def merged(
-    streams: list[AsyncIterator[RequestOutput]], metrics: Metrics, nursery: trio.Nursery
-) -> AsyncIterator[tuple[int, RequestOutput]]:
+    streams: list[AsyncGenerator[RequestOutput, None]], metrics: Metrics, nursery: trio.Nursery
+) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     """(choice index, output) as each request produces them, with latency metrics.
 
     Several requests run as producer tasks in the app's nursery (a generator must not yield
@@ -116,7 +117,7 @@ async def merged(
 
 async def _produce(
     i: int,
-    stream: AsyncIterator[RequestOutput],
+    stream: AsyncGenerator[RequestOutput, None],
     send: trio.MemorySendChannel[tuple[int, RequestOutput | Exception]],
     scope: trio.CancelScope,
     metrics: Metrics,

@@ -43,12 +43,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         trio.run(serve_main, args, config)
     except* (ValueError, FileNotFoundError) as group:
-        for exc in group.exceptions:
-            logger.error("%s", exc)
+        for error in group.exceptions:
+            logger.error("%s", error)
         sys.exit(2)
-    except* Exception as group:
-        for exc in group.exceptions:
-            logger.error("the server stopped: %s", exc)
+    except* Exception as failures:
+        for failure in failures.exceptions:
+            logger.error("the server stopped: %s", failure)
         sys.exit(1)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import random
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import trio
@@ -83,7 +83,7 @@ class Engine(EngineClient):
         params: SamplingParams | None = None,
         *,
         rid: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Generate from a prompt (text, or token ids); yields outputs as tokens come.
 
         Raises ValueError for a bad prompt or parameters right away, before anything is
@@ -152,7 +152,7 @@ class Engine(EngineClient):
 
     async def _run(
         self, rid: str, token_ids: list[int], params: SamplingParams, order: int
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         if self._dead is not None:
             raise EngineDeadError("the engine is not running") from self._dead
         await trio.lowlevel.checkpoint_if_cancelled()  # already cancelled: queue nothing

@@ -15,7 +15,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, dataclass_transform
 
 import msgpack
 
@@ -47,6 +47,7 @@ def register(tag: int) -> Callable[[type[T]], type[T]]:
     return wrap
 
 
+@dataclass_transform(frozen_default=True)
 def message(tag: int) -> Callable[[type[T]], type[T]]:
     """Declare a message: `@message(7) class Foo: ...` is a frozen slotted dataclass with tag 7."""
 

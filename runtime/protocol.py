@@ -6,7 +6,7 @@ protocol, so its tests drive it with a small fake, and another engine could stan
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -57,7 +57,7 @@ class EngineClient(Protocol):
         params: SamplingParams | None = None,
         *,
         rid: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Validate now (ValueError on bad input); the request is queued once iterated.
 
         Leaving the iteration early, or cancelling the iterating task, aborts the request.

@@ -45,7 +45,7 @@ async def start_actors(
     nursery.start_soon(_remove_on_exit, directory)
     frontend_address = ipc_address(directory, "frontend")
     worker_address = ipc_address(directory, "worker")
-    spec = {"config": config.to_dict(), "eos_token_ids": sorted(eos_token_ids)}
+    spec: dict[str, object] = {"config": config.to_dict(), "eos_token_ids": sorted(eos_token_ids)}
     processes = {
         "scheduler": await _spawn(
             nursery, "scheduler", spec | {"listen": [frontend_address, worker_address]}

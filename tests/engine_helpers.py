@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import trio
 
@@ -20,7 +20,7 @@ async def collect(engine: Engine, prompt: list[int] | str, params: SamplingParam
     return await consume(engine.generate(prompt, params))
 
 
-async def consume(outputs: AsyncIterator[RequestOutput]) -> dict:
+async def consume(outputs: AsyncGenerator[RequestOutput, None]) -> dict:
     tokens: list[int] = []
     logprobs: list[float] = []
     text = ""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 
 import trio
@@ -37,7 +37,7 @@ class FakeEngine(EngineClient):
         params: SamplingParams | None = None,
         *,
         rid: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         params = params or SamplingParams()
         token_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         if not token_ids:
@@ -50,7 +50,7 @@ class FakeEngine(EngineClient):
 
     async def _run(
         self, rid: str, prompt_len: int, params: SamplingParams
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         self.open.add(rid)
         done = False
         try:

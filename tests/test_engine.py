@@ -86,8 +86,9 @@ async def test_seeded_sampling_is_the_same_alone_or_in_a_batch(llama_dir: Path, 
     assert unseeded[0]["tokens"] != unseeded[1]["tokens"]
 
 
-async def test_stop_conditions(llama_dir: Path) -> None:
-    async with open_engine(config(llama_dir, "inproc")) as engine:
+@pytest.mark.parametrize("mode", MODES)
+async def test_stop_conditions(llama_dir: Path, mode: str) -> None:
+    async with open_engine(config(llama_dir, mode)) as engine:
         free = await collect(engine, [5, 6, 7], SamplingParams(max_tokens=30, temperature=0.0))
         stop_at = free["tokens"][3]
         first = free["tokens"].index(stop_at)
@@ -107,8 +108,9 @@ async def test_stop_conditions(llama_dir: Path) -> None:
     assert all(lp <= 0.0 for lp in free["logprobs"])
 
 
-async def test_text_prompt_is_tokenized(llama_dir: Path) -> None:
-    async with open_engine(config(llama_dir, "inproc")) as engine:
+@pytest.mark.parametrize("mode", MODES)
+async def test_text_prompt_is_tokenized(llama_dir: Path, mode: str) -> None:
+    async with open_engine(config(llama_dir, mode)) as engine:
         by_text = await collect(engine, "def hello():", SamplingParams(max_tokens=8, temperature=0))
         ids = engine.tokenizer.encode("def hello():")
         by_ids = await collect(engine, ids, SamplingParams(max_tokens=8, temperature=0))
@@ -149,8 +151,9 @@ def test_bad_sampling_params_raise() -> None:
             SamplingParams(**kwargs)  # type: ignore[arg-type]
 
 
-async def test_duplicate_request_id_is_refused(llama_dir: Path) -> None:
-    async with open_engine(config(llama_dir, "inproc")) as engine:
+@pytest.mark.parametrize("mode", MODES)
+async def test_duplicate_request_id_is_refused(llama_dir: Path, mode: str) -> None:
+    async with open_engine(config(llama_dir, mode)) as engine:
         params = SamplingParams(max_tokens=200)
         stream = engine.generate([1, 2], params, rid="same")
         first = await anext(stream)
@@ -165,8 +168,9 @@ async def collect_rid(engine: Engine, rid: str) -> None:
         pass
 
 
-async def test_health_and_statistics(llama_dir: Path) -> None:
-    async with open_engine(config(llama_dir, "inproc")) as engine:
+@pytest.mark.parametrize("mode", MODES)
+async def test_health_and_statistics(llama_dir: Path, mode: str) -> None:
+    async with open_engine(config(llama_dir, mode)) as engine:
         with trio.fail_after(5):
             await engine.check_health()
         await collect_all(engine, random_prompts([10] * 4), SamplingParams(max_tokens=5))
@@ -175,9 +179,10 @@ async def test_health_and_statistics(llama_dir: Path) -> None:
     assert stats.scheduler.forward_seconds > 0 and stats.scheduler.num_steps >= 5
 
 
-async def test_stop_strings_end_the_request_at_the_match(llama_dir: Path) -> None:
+@pytest.mark.parametrize("mode", MODES)
+async def test_stop_strings_end_the_request_at_the_match(llama_dir: Path, mode: str) -> None:
     greedy = SamplingParams(max_tokens=40, temperature=0.0)
-    async with open_engine(config(llama_dir, "inproc")) as engine:
+    async with open_engine(config(llama_dir, mode)) as engine:
         free = await collect(engine, "The def statement", greedy)
         text = free["text"]
         stop = text[len(text) // 2 : len(text) // 2 + 3]  # three characters from the middle
@@ -191,9 +196,10 @@ async def test_stop_strings_end_the_request_at_the_match(llama_dir: Path) -> Non
     assert stats.kv_cache_usage == 0.0
 
 
-async def test_stop_token_text_is_not_output(llama_dir: Path) -> None:
+@pytest.mark.parametrize("mode", MODES)
+async def test_stop_token_text_is_not_output(llama_dir: Path, mode: str) -> None:
     greedy = SamplingParams(max_tokens=20, temperature=0.0)
-    async with open_engine(config(llama_dir, "inproc")) as engine:
+    async with open_engine(config(llama_dir, mode)) as engine:
         free = await collect(engine, "class Foo:", greedy)
         stop_id = free["tokens"][5]
         stopped = await collect(engine, "class Foo:", greedy.replace(stop_token_ids=(stop_id,)))
@@ -203,8 +209,9 @@ async def test_stop_token_text_is_not_output(llama_dir: Path) -> None:
     assert stopped["text"] == engine.tokenizer.decode(free["tokens"][:first])
 
 
-async def test_abort_by_id_ends_the_stream(llama_dir: Path) -> None:
-    async with open_engine(config(llama_dir, "inproc")) as engine:
+@pytest.mark.parametrize("mode", MODES)
+async def test_abort_by_id_ends_the_stream(llama_dir: Path, mode: str) -> None:
+    async with open_engine(config(llama_dir, mode)) as engine:
         outputs = engine.generate([1, 2, 3], SamplingParams(max_tokens=400), rid="mine")
         first = await anext(outputs)
         engine.abort("mine")

@@ -37,6 +37,8 @@ class RotaryEmbedding(nn.Module):
         inv_freq, scaling = inverse_frequencies(config, head_dim)
         freqs = torch.arange(max_len, dtype=torch.float)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)  # [max_len, head_dim]
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)
 
