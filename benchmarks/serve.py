@@ -1,0 +1,233 @@
+"""Load generator for any OpenAI-compatible server (ours, vLLM, SGLang...).
+
+    python -m benchmarks.serve --url http://127.0.0.1:8000 --model tiny-llama \
+        --input-len 128 --output-len 128 --concurrency 8 --num-prompts 64 --out result.json
+
+Prompts are random token ids (so the input length is exact) sent to `/v1/completions` with
+`ignore_eos` (so the output length is exact), streamed. Either a fixed number of requests in
+flight (`--concurrency`) or Poisson arrivals (`--request-rate`, optionally capped by
+`--concurrency`). Warm-up requests run first and are not counted. Prints TTFT, ITL (gap between
+streamed chunks), TPOT ((end - first token) / (tokens - 1)) and end-to-end latency
+percentiles, request and output-token throughput, and errors; writes them as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+import trio
+
+
+@dataclass
+class RequestRecord:
+    start: float = 0.0
+    first_token: float | None = None
+    end: float = 0.0
+    chunk_times: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    url: str
+    model: str
+    input_len: int = 128
+    output_len: int = 128
+    num_prompts: int = 64
+    concurrency: int | None = 8
+    request_rate: float | None = None
+    warmup: int = 4
+    vocab_size: int = 4000
+    seed: int = 0
+    api_key: str | None = None
+
+
+def make_prompts(count: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab_size) for _ in range(length)] for _ in range(count)]
+
+
+async def one_request(http: httpx.AsyncClient, w: Workload, prompt: list[int]) -> RequestRecord:
+    body = {
+        "model": w.model,
+        "prompt": prompt,
+        "max_tokens": w.output_len,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    record = RequestRecord(start=time.perf_counter())
+    try:
+        async with http.stream("POST", "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                record.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+                return record
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                data = json.loads(line[6:])
+                if data.get("usage"):
+                    record.output_tokens = data["usage"]["completion_tokens"]
+                if data.get("choices") and data["choices"][0].get("text"):
+                    now = time.perf_counter()
+                    record.first_token = record.first_token or now
+                    record.chunk_times.append(now)
+    except (httpx.HTTPError, ValueError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+    record.end = time.perf_counter()
+    if record.error is None and record.output_tokens != w.output_len:
+        record.error = f"got {record.output_tokens} tokens, wanted {w.output_len}"
+    return record
+
+
+async def run_requests(
+    http: httpx.AsyncClient,
+    w: Workload,
+    prompts: list[list[int]],
+    rate: float | None,
+    limit: int | None,
+) -> list[RequestRecord]:
+    records: list[RequestRecord] = []
+    limiter = trio.CapacityLimiter(limit or len(prompts) or 1)
+    rng = random.Random(w.seed + 1)
+
+    async def run(prompt: list[int]) -> None:
+        async with limiter:
+            records.append(await one_request(http, w, prompt))
+
+    async with trio.open_nursery() as nursery:
+        for prompt in prompts:
+            nursery.start_soon(run, prompt)
+            if rate:
+                await trio.sleep(rng.expovariate(rate))
+    return records
+
+
+async def benchmark(w: Workload) -> dict[str, Any]:
+    """Run the workload; returns the summary (and the raw records)."""
+    prompts = make_prompts(w.warmup + w.num_prompts, w.input_len, w.vocab_size, w.seed)
+    headers = {"Authorization": f"Bearer {w.api_key}"} if w.api_key else {}
+    connections = max(w.concurrency or 0, 64) + w.warmup
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    async with httpx.AsyncClient(
+        base_url=w.url, headers=headers, timeout=600, limits=limits
+    ) as http:
+        if w.warmup:
+            await run_requests(http, w, prompts[: w.warmup], None, w.concurrency)
+        started = time.perf_counter()
+        records = await run_requests(http, w, prompts[w.warmup :], w.request_rate, w.concurrency)
+        duration = time.perf_counter() - started
+    return summarize(w, records, duration)
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {"mean": sum(ordered) / len(ordered), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
+
+
+def summarize(w: Workload, records: list[RequestRecord], duration: float) -> dict[str, Any]:
+    ok = [r for r in records if r.error is None and r.first_token is not None]
+    itl = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)]
+    tpot = [
+        (r.end - r.first_token) / (r.output_tokens - 1)  # type: ignore[operator]
+        for r in ok
+        if r.output_tokens > 1
+    ]
+    ms = 1000.0
+    return {
+        "workload": asdict(w) | {"api_key": None},
+        "duration_s": duration,
+        "completed": len(ok),
+        "errors": len(records) - len(ok),
+        "error_samples": [r.error for r in records if r.error][:5],
+        "request_throughput": len(ok) / duration,
+        "output_throughput": sum(r.output_tokens for r in ok) / duration,
+        "ttft_ms": {
+            k: v * ms
+            for k, v in percentiles(
+                [
+                    r.first_token - r.start  # type: ignore[operator]
+                    for r in ok
+                ]
+            ).items()
+        },
+        "itl_ms": {k: v * ms for k, v in percentiles(itl).items()},
+        "tpot_ms": {k: v * ms for k, v in percentiles(tpot).items()},
+        "e2e_ms": {k: v * ms for k, v in percentiles([r.end - r.start for r in ok]).items()},
+    }
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    w = s["workload"]
+    print(
+        f"{w['url']} model={w['model']} in={w['input_len']} out={w['output_len']} "
+        f"concurrency={w['concurrency']} rate={w['request_rate']} prompts={w['num_prompts']}"
+    )
+    print(
+        f"  completed {s['completed']}, errors {s['errors']} in {s['duration_s']:.1f} s: "
+        f"{s['request_throughput']:.2f} req/s, {s['output_throughput']:.0f} output tok/s"
+    )
+    for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+        p = s[name]
+        print(
+            f"  {name:8} mean {p['mean']:8.1f}  p50 {p['p50']:8.1f}  p90 {p['p90']:8.1f}  "
+            f"p99 {p['p99']:8.1f}"
+        )
+    for sample in s["error_samples"]:
+        print(f"  error: {sample}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", default="tiny-llama")
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=None)
+    parser.add_argument("--request-rate", type=float, default=None, help="Poisson, requests/s")
+    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--vocab-size", type=int, default=4000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--api-key")
+    parser.add_argument("--out", help="write the summary as JSON here")
+    args = parser.parse_args()
+    if args.concurrency is None and args.request_rate is None:
+        args.concurrency = 8
+    workload = Workload(
+        args.url,
+        args.model,
+        args.input_len,
+        args.output_len,
+        args.num_prompts,
+        args.concurrency,
+        args.request_rate,
+        args.warmup,
+        args.vocab_size,
+        args.seed,
+        args.api_key,
+    )
+    summary = trio.run(benchmark, workload)
+    print_summary(summary)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(summary, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
