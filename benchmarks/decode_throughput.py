@@ -4,11 +4,11 @@
 
 For each batch size, B requests with random prompts decode `--output-len` tokens each
 (ignore_eos, greedy). Throughput counts the tokens generated while every request decodes. The
-split comes from the actors' statistics over the same window: scheduling (scheduler core),
-input preparation, model forward and sampling (worker), messaging (everything between the
-scheduler sending a plan and receiving its result that the worker did not spend computing:
-codec, nng hops, the worker's thread hop), and the frontend (the rest of the wall time per
-step: dispatching outputs to requests and waking their tasks).
+split comes from the actors' statistics over the same window: scheduling (the scheduler core's
+schedule and update), input preparation, model forward and sampling (worker), and the worker's
+idle time: from sending one result to receiving the next plan, i.e. what messaging, scheduling
+and the frontend cost the worker. With async scheduling the next plan is already waiting, so
+that idle time is only the receive itself.
 """
 
 from __future__ import annotations
@@ -53,26 +53,19 @@ async def run_batch(engine: Engine, batch: int, prompt_len: int, output_len: int
 def summarize(batch: int, elapsed: float, a: SchedulerStats, b: SchedulerStats) -> dict:
     steps = max(1, b.num_steps - a.num_steps)
     tokens = b.num_generated_tokens - a.num_generated_tokens
-    worker = (
-        (b.prepare_seconds - a.prepare_seconds)
-        + (b.forward_seconds - a.forward_seconds)
-        + (b.sample_seconds - a.sample_seconds)
-    )
-    step = b.step_seconds - a.step_seconds
-    schedule = b.schedule_seconds - a.schedule_seconds
-    per_step = {
-        "schedule": schedule,
-        "prepare": b.prepare_seconds - a.prepare_seconds,
-        "forward": b.forward_seconds - a.forward_seconds,
-        "sample": b.sample_seconds - a.sample_seconds,
-        "messaging": step - worker,
-        "frontend": elapsed - step - schedule,
-    }
+
+    def per_step(name: str) -> float:
+        return 1000 * (getattr(b, name) - getattr(a, name)) / steps
+
     return {
         "batch": batch,
         "tokens_per_s": tokens / elapsed,
         "step_ms": 1000 * elapsed / steps,
-        **{k: 1000 * v / steps for k, v in per_step.items()},
+        "schedule": per_step("schedule_seconds") + per_step("update_seconds"),
+        "prepare": per_step("prepare_seconds"),
+        "forward": per_step("forward_seconds"),
+        "sample": per_step("sample_seconds"),
+        "worker_idle": per_step("worker_idle_seconds"),
     }
 
 
@@ -108,6 +101,8 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--threads", type=int, default=0, help="torch threads in the worker")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    parser.add_argument("--sync", action="store_true", help="no async scheduling")
     trio.run(main_async, parser.parse_args())
 
 

@@ -73,7 +73,8 @@ class BlockManager:
             return []
         matched: list[int] = []
         parent: int | None = None
-        for start in range(0, seq.num_tokens - 1 - self.block_size + 1, self.block_size):
+        known = len(seq.token_ids)
+        for start in range(0, known - 1 - self.block_size + 1, self.block_size):
             tokens = tuple(seq.token_ids[start : start + self.block_size])
             block_id = self.cached.get(hash((parent, tokens)))
             if block_id is None or self.blocks[block_id].token_ids != tokens:
@@ -95,13 +96,13 @@ class BlockManager:
         seq.block_table.extend(block_ids)
         seq.num_computed_tokens = len(block_ids) * self.block_size
 
-    def cache_full_blocks(self, seq: Sequence, num_computed_before: int) -> None:
-        """Register the blocks of `seq` that filled up since it had `num_computed_before` tokens."""
+    def cache_full_blocks(self, seq: Sequence, start: int, end: int) -> None:
+        """Register the blocks of `seq` filled by computing its tokens [start, end)."""
         if not self.enable_prefix_caching:
             return
-        first = num_computed_before // self.block_size
+        first = start // self.block_size
         parent = self.blocks[seq.block_table[first - 1]].hash if first > 0 else None
-        for i in range(first, seq.num_computed_tokens // self.block_size):
+        for i in range(first, end // self.block_size):
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:
                 start = i * self.block_size

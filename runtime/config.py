@@ -41,6 +41,7 @@ class EngineConfig:
         dtype: "auto" (the checkpoint's), "float32", "bfloat16" or "float16".
         device: torch device of the worker ("cpu" or "cuda").
         num_threads: torch intra-op threads in the worker; 0 leaves torch's default.
+        async_scheduling: schedule step N+1 while step N computes (one step queued ahead).
     """
 
     model: str
@@ -55,6 +56,7 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "cpu"
     num_threads: int = 0
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in ("process", "inproc"):

@@ -67,9 +67,7 @@ class Engine(EngineClient):
         self._nonces = itertools.count()
         self._dead: BaseException | None = None
         self._prompt_tokens = 0
-        self._stats = SchedulerStats(
-            0, 0, ready.num_kv_blocks, ready.num_kv_blocks, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0
-        )
+        self._stats = SchedulerStats.idle(ready.num_kv_blocks)
 
     # -- EngineClient --------------------------------------------------------------------
 

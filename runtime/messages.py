@@ -143,6 +143,7 @@ class StepTimings:
     prepare: float
     forward: float
     sample: float
+    idle: float  # between the end of the previous step and receiving this plan
 
 
 @message(14)
@@ -178,10 +179,17 @@ class SchedulerStats:
     num_generated_tokens: int
     num_cached_tokens: int
     schedule_seconds: float
-    step_seconds: float
+    update_seconds: float
+    wait_seconds: float  # the scheduler waiting for results
     prepare_seconds: float
     forward_seconds: float
     sample_seconds: float
+    worker_idle_seconds: float  # the worker waiting for plans
+
+    @classmethod
+    def idle(cls, num_blocks: int) -> SchedulerStats:
+        """The figures of an engine that has done nothing yet."""
+        return cls(0, 0, num_blocks, num_blocks, 0, 0, 0, 0, 0, *[0.0] * 7)
 
 
 @message(22)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime.config import EngineConfig
-from runtime.layers.attention import AttentionMetadata, PrefillSlice, causal_mask
+from runtime.layers.attention import AttentionMetadata, PrefillSlice, causal_mask, gather_rows
 from runtime.loader import load_weights
 from runtime.messages import StepPlan, StepResult, StepTimings
 from runtime.model_info import load_model_info, resolve_max_model_len
@@ -48,18 +48,17 @@ class ModelRunner:
         load_weights(model, config.model, progress=progress)
         self.model = model.eval()
         self.num_blocks = self._num_kv_blocks()
-        self.kv_caches = torch.zeros(
-            (
-                args.num_layers,
-                2,
-                self.num_blocks,
-                self.block_size,
-                args.num_kv_heads,
-                args.head_dim,
-            ),
-            dtype=self.info.dtype,
-            device=self.device,
+        self.num_kv_heads = args.num_kv_heads
+        # [layer, K/V, kv_head, block, offset, head_dim]: see runtime/layers/attention.py
+        cache_shape = (
+            args.num_layers,
+            2,
+            args.num_kv_heads,
+            self.num_blocks,
+            self.block_size,
+            args.head_dim,
         )
+        self.kv_caches = torch.zeros(cache_shape, dtype=self.info.dtype, device=self.device)
         self.table = SeqTable()
 
     def _num_kv_blocks(self) -> int:
@@ -75,7 +74,8 @@ class ModelRunner:
         return blocks
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan) -> StepResult:
+    def execute(self, plan: StepPlan, idle: float = 0.0) -> StepResult:
+        """Run one step; `idle` is how long the worker waited for this plan (for statistics)."""
         start = time.perf_counter()
         seqs = self.table.apply(plan)
         inputs = self._prepare(plan, seqs)
@@ -99,7 +99,7 @@ class ModelRunner:
             seq_ids=tuple(plan.seq_ids[i] for i in inputs.sampled),
             token_ids=tuple(token_ids),
             logprobs=tuple(logprobs),
-            timings=StepTimings(prepared - start, forwarded - prepared, done - forwarded),
+            timings=StepTimings(prepared - start, forwarded - prepared, done - forwarded, idle),
         )
 
     def _prepare(self, plan: StepPlan, seqs: list[WorkerSeq]) -> ModelInputs:
@@ -122,15 +122,12 @@ class ModelRunner:
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(computed, context))
             if n > 1:
-                prefills.append(
-                    PrefillSlice(
-                        start,
-                        n,
-                        context,
-                        self._tensor(table[: -(-context // bs)]),
-                        causal_mask(n, context, self.device) if computed else None,
-                    )
-                )
+                rows = mask = None
+                if computed:  # part of the context is already in the cache
+                    blocks = self._tensor(table[: -(-context // bs)])
+                    rows = gather_rows(blocks, self.num_kv_heads, self.num_blocks)
+                    mask = causal_mask(n, context, self.device)
+                prefills.append(PrefillSlice(start, n, context, rows, mask))
             if SeqTable.samples(seq, n):
                 logit_rows.append(start + n - 1)
                 sampled.append(i)
@@ -151,16 +148,20 @@ class ModelRunner:
         )
 
     def _decode_layout(self, seqs: list[WorkerSeq]) -> dict[str, torch.Tensor]:
-        """Padded block tables and a key mask for the single-query sequences."""
+        """Cache rows to gather and an additive key mask for the single-query sequences."""
         if not seqs:
-            empty = torch.zeros((0, 1), dtype=torch.long, device=self.device)
-            return {"decode_block_tables": empty, "decode_mask": empty.bool()}
+            return {
+                "decode_rows": self._tensor([]),
+                "decode_bias": torch.zeros((0, 1, 1, 1), device=self.device),
+            }
         context_lens = [s.num_computed_tokens + 1 for s in seqs]
         width = max(-(-c // self.block_size) for c in context_lens)
-        tables = [s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in seqs]
+        tables = [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in seqs]
+        rows = gather_rows(self._tensor(tables), self.num_kv_heads, self.num_blocks)
         keys = torch.arange(width * self.block_size, device=self.device)
-        mask = keys[None, :] < self._tensor(context_lens)[:, None]
-        return {"decode_block_tables": self._tensor(tables), "decode_mask": mask[:, None, None, :]}
+        padding = keys[None, :] >= self._tensor(context_lens)[:, None]  # [B, width * bs]
+        bias = torch.zeros(padding.shape, device=self.device).masked_fill_(padding, -torch.inf)
+        return {"decode_rows": rows, "decode_bias": bias[:, None, None, :]}
 
     def _sampling(self, seqs: list[WorkerSeq]) -> SamplingBatch:
         rows = []

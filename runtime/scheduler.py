@@ -7,6 +7,12 @@ ones, within a token budget and `max_num_seqs`; a prompt larger than what is lef
 is computed in chunks over several steps. When the KV pool runs dry, the newest running sequence
 is preempted: its blocks are freed and it waits to be recomputed from its tokens.
 
+`schedule()` commits to its step at once (counters advance, sampled tokens count as pending), and
+`update()` later fills in what the step sampled. Steps are executed in order, so the next step may
+be scheduled before the previous one's result is back: the actor keeps one step queued ahead of
+the worker, hiding scheduling and messaging behind the model's forward. A sequence that hits EOS
+costs at most one wasted token that way; length limits are known ahead and cost nothing.
+
 Pure Python: no trio, nng or torch, so tests drive it step by step.
 """
 
@@ -26,7 +32,9 @@ class ScheduledStep:
 
     seqs: list[Sequence] = field(default_factory=list)
     num_tokens: list[int] = field(default_factory=list)
-    new_seqs: list[Sequence] = field(default_factory=list)  # worker has no state for these yet
+    starts: list[int] = field(default_factory=list)  # computed tokens before this step
+    samples: list[bool] = field(default_factory=list)  # the step samples a token for it
+    new_seqs: list[NewSeq] = field(default_factory=list)  # worker has no state for these yet
     new_blocks: list[tuple[int, int]] = field(default_factory=list)  # (seq_id, block_id)
     released: list[int] = field(default_factory=list)  # seq ids whose worker state must go
 
@@ -35,15 +43,9 @@ class ScheduledStep:
         return sum(self.num_tokens)
 
     def to_plan(self, step_id: int) -> StepPlan:
-        new_seqs = tuple(
-            NewSeq(
-                s.seq_id, tuple(s.token_ids), s.num_prompt_tokens, s.num_computed_tokens, s.params
-            )
-            for s in self.new_seqs
-        )
         return StepPlan(
             step=step_id,
-            new_seqs=new_seqs,
+            new_seqs=tuple(self.new_seqs),
             seq_ids=tuple(s.seq_id for s in self.seqs),
             num_tokens=tuple(self.num_tokens),
             block_seq_ids=tuple(s for s, _ in self.new_blocks),
@@ -103,10 +105,6 @@ class Scheduler:
         seq = self.by_rid.get(rid)
         if seq is None:
             return False
-        if seq.status is SequenceStatus.WAITING:
-            self.waiting.remove(seq)
-        else:
-            self.running.remove(seq)
         self._finish(seq, "abort")
         return True
 
@@ -123,12 +121,14 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            i += 1
+            if self._reaches_limit(seq):
+                continue  # its last token is pending: it finishes when that arrives
             num_tokens = min(seq.num_uncomputed_tokens, budget)
             if not self._make_room(seq, num_tokens, step):
                 break  # `seq` itself was preempted, and everything behind it before that
             self._allocate(seq, num_tokens, step)
             budget -= num_tokens
-            i += 1
         if self.num_preemptions == preemptions_before:  # admitting now would only thrash
             self._admit(budget, step)
         return step
@@ -136,6 +136,10 @@ class Scheduler:
     def requeue_released(self, step: ScheduledStep) -> None:
         """A step that computes nothing is not sent: keep its releases for the next one."""
         self._released = step.released + self._released
+
+    def _reaches_limit(self, seq: Sequence) -> bool:
+        max_tokens: int = seq.params.max_tokens  # type: ignore[assignment]
+        return seq.num_output_tokens >= max_tokens or seq.num_tokens >= self.max_model_len
 
     def _make_room(self, seq: Sequence, num_tokens: int, step: ScheduledStep) -> bool:
         """Preempt from the tail of `running` until `seq` fits; False if `seq` was preempted."""
@@ -148,14 +152,14 @@ class Scheduler:
         return True
 
     def _admit(self, budget: int, step: ScheduledStep) -> None:
+        bs = self.block_manager.block_size
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if seq.num_pending_tokens:
+                break  # preempted while a step samples for it: wait for that token
             cached = self.block_manager.match_prefix(seq)
-            num_tokens = min(seq.num_tokens - len(cached) * self.block_manager.block_size, budget)
-            fresh = -(
-                -(len(cached) * self.block_manager.block_size + num_tokens)
-                // self.block_manager.block_size
-            ) - len(cached)
+            num_tokens = min(seq.num_tokens - len(cached) * bs, budget)
+            fresh = -(-(len(cached) * bs + num_tokens) // bs) - len(cached)
             if not self.block_manager.can_allocate(fresh + self.block_manager.num_revived(cached)):
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.popleft()
@@ -165,18 +169,31 @@ class Scheduler:
                 seq.num_cached_tokens = seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            step.new_seqs.append(seq)
-            for block_id in seq.block_table:
-                step.new_blocks.append((seq.seq_id, block_id))
+            step.new_seqs.append(
+                NewSeq(
+                    seq.seq_id,
+                    tuple(seq.token_ids),
+                    seq.num_prompt_tokens,
+                    seq.num_computed_tokens,
+                    seq.params,
+                )
+            )
+            step.new_blocks.extend((seq.seq_id, block_id) for block_id in seq.block_table)
             self._allocate(seq, num_tokens, step)
             budget -= num_tokens
 
     def _allocate(self, seq: Sequence, num_tokens: int, step: ScheduledStep) -> None:
+        """Commit `seq` to computing `num_tokens` more tokens in `step`."""
         needed = self.block_manager.blocks_needed(seq, num_tokens)
         for block_id in self.block_manager.allocate(seq, needed):
             step.new_blocks.append((seq.seq_id, block_id))
         step.seqs.append(seq)
         step.num_tokens.append(num_tokens)
+        step.starts.append(seq.num_computed_tokens)
+        seq.num_computed_tokens += num_tokens
+        samples = seq.num_computed_tokens == seq.num_tokens
+        step.samples.append(samples)
+        seq.num_pending_tokens += samples
 
     def _preempt(self, seq: Sequence, step: ScheduledStep) -> None:
         """Recompute later: free the KV, keep the tokens, go back to the head of the queue."""
@@ -192,21 +209,23 @@ class Scheduler:
     def update(
         self, step: ScheduledStep, sampled: dict[int, tuple[int, float]]
     ) -> list[FinishedOutput]:
-        """Apply a step's results; `sampled` maps seq_id to (token id, logprob)."""
+        """Apply a step's results (steps in order); `sampled`: seq_id -> (token, logprob)."""
         outputs = []
-        for seq, num_tokens in zip(step.seqs, step.num_tokens, strict=True):
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # aborted while the step ran
-            before = seq.num_computed_tokens
-            seq.num_computed_tokens += num_tokens
-            self.block_manager.cache_full_blocks(seq, before)
-            if seq.num_computed_tokens < seq.num_tokens:
+        for seq, num_tokens, start, samples in zip(
+            step.seqs, step.num_tokens, step.starts, step.samples, strict=True
+        ):
+            if samples:
+                seq.num_pending_tokens -= 1
+            if seq.status is SequenceStatus.FINISHED:
+                continue  # aborted, or stopped by an earlier step, while this one ran
+            if seq.status is SequenceStatus.RUNNING:
+                self.block_manager.cache_full_blocks(seq, start, start + num_tokens)
+            if not samples:
                 continue  # a prefill chunk: nothing sampled yet
             token_id, logprob = sampled[seq.seq_id]
-            seq.token_ids.append(token_id)
+            seq.token_ids.append(token_id)  # also when preempted meanwhile: the token is valid
             reason = self._stop_reason(seq, token_id)
             if reason is not None:
-                self.running.remove(seq)
                 self._finish(seq, reason)
             outputs.append(
                 FinishedOutput(seq.rid, token_id, logprob, reason, seq.num_cached_tokens)
@@ -219,13 +238,17 @@ class Scheduler:
             return "stop"
         if token_id in params.stop_token_ids:
             return "stop"
-        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:  # type: ignore[operator]
+        known = len(seq.token_ids)
+        if known - seq.num_prompt_tokens >= params.max_tokens or known >= self.max_model_len:  # type: ignore[operator]
             return "length"
         return None
 
     def _finish(self, seq: Sequence, reason: str) -> None:
-        if seq.status is SequenceStatus.RUNNING:  # a waiting one has no state in the worker
-            self._released.append(seq.seq_id)
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self._released.append(seq.seq_id)  # a waiting one has no state in the worker
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
         self.block_manager.free_blocks(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

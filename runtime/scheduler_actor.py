@@ -1,14 +1,15 @@
 """The scheduler actor: a thin trio loop around the pure `Scheduler`.
 
 Three tasks: one receives from the frontend into an inbox, one receives from the worker, and the
-step loop drains the inbox, schedules, sends one `StepPlan`, waits for its `StepResult` and sends
-one `StepOutputs` to the frontend. Requests and aborts that arrive during a step take effect at
-the next one.
+step loop drains the inbox, schedules, sends one `StepPlan`, applies the oldest `StepResult` and
+sends one `StepOutputs` to the frontend. Requests and aborts that arrive during a step take
+effect at the next one.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import trio
 
@@ -27,7 +28,7 @@ from runtime.messages import (
     WireError,
     WorkerReady,
 )
-from runtime.scheduler import FinishedOutput, Scheduler
+from runtime.scheduler import FinishedOutput, ScheduledStep, Scheduler
 from runtime.sequence import Sequence
 from runtime.transport import Channel
 
@@ -51,7 +52,10 @@ class SchedulerActor:
         self._results_send, self._results = trio.open_memory_channel[StepResult](1)
         self._next_seq_id = 0
         self._step_id = 0
-        self._timing = {"schedule": 0.0, "step": 0.0, "prepare": 0.0, "forward": 0.0, "sample": 0.0}
+        self.depth = 2 if config.async_scheduling else 1  # steps in flight
+        self._timing = dict.fromkeys(
+            ("schedule", "update", "wait", "prepare", "forward", "sample", "worker_idle"), 0.0
+        )
         self._generated_tokens = 0
         self._aborts = 0
 
@@ -98,13 +102,23 @@ class SchedulerActor:
                     raise WireError(f"scheduler got an unexpected {type(msg).__name__}")
 
     async def _step_loop(self, frontend: Channel, worker: Channel) -> None:
-        stepped = False
+        """Keep up to `depth` steps in flight; apply results in order; report each to the
+        frontend. With depth 2 the next step waits in the worker's socket while the current one
+        computes, so scheduling and messaging cost the worker no time."""
+        in_flight: deque[tuple[ScheduledStep, int]] = deque()
         while True:
-            if not stepped and not self._inbox:
+            if not in_flight and not self._inbox and not self.core.has_work():
                 await self._inbox_changed.wait()  # idle: nothing runs until a message comes
             self._inbox_changed = trio.Event()
             changed = await self._drain_inbox(worker)
-            outputs, stepped = await self._step(worker) if self.core.has_work() else ([], False)
+            scheduled = None
+            if len(in_flight) < self.depth and self.core.has_work():
+                scheduled = await self._send_step(worker)
+                if scheduled is not None:
+                    in_flight.append(scheduled)
+            outputs: list[FinishedOutput] = []
+            if in_flight and (len(in_flight) >= self.depth or scheduled is None):
+                outputs = await self._apply_result(*in_flight.popleft())
             if outputs or changed:
                 await frontend.send(self._outputs_message(outputs))
 
@@ -129,22 +143,25 @@ class SchedulerActor:
         self.core.add(Sequence(self._next_seq_id, add.rid, list(add.prompt_token_ids), add.params))
         self._next_seq_id += 1
 
-    async def _step(self, worker: Channel) -> tuple[list[FinishedOutput], bool]:
-        """Run one engine step; returns its outputs and whether anything was computed."""
+    async def _send_step(self, worker: Channel) -> tuple[ScheduledStep, int] | None:
+        """Schedule and send one step; None if there is nothing to compute right now."""
         start = time.perf_counter()
         scheduled = self.core.schedule()
+        if not scheduled.seqs:
+            self.core.requeue_released(scheduled)
+            return None
         plan = scheduled.to_plan(self._step_id)
         self._step_id += 1
-        sent = time.perf_counter()
-        self._timing["schedule"] += sent - start
-        if not plan.seq_ids:
-            self.core.requeue_released(scheduled)
-            return [], False
+        self._timing["schedule"] += time.perf_counter() - start
         await worker.send(plan)
+        return scheduled, plan.step
+
+    async def _apply_result(self, scheduled: ScheduledStep, step_id: int) -> list[FinishedOutput]:
+        start = time.perf_counter()
         result = await self._results.receive()
-        if result.step != plan.step:
-            raise WireError(f"worker answered step {result.step}, expected {plan.step}")
-        self._timing["step"] += time.perf_counter() - sent
+        received = time.perf_counter()
+        if result.step != step_id:
+            raise WireError(f"worker answered step {result.step}, expected {step_id}")
         self._add_timings(result.timings)
         sampled = {
             s: (t, lp)
@@ -152,12 +169,15 @@ class SchedulerActor:
         }
         outputs = self.core.update(scheduled, sampled)
         self._generated_tokens += len(outputs)
-        return outputs, True
+        self._timing["wait"] += received - start
+        self._timing["update"] += time.perf_counter() - received
+        return outputs
 
     def _add_timings(self, timings: StepTimings) -> None:
         self._timing["prepare"] += timings.prepare
         self._timing["forward"] += timings.forward
         self._timing["sample"] += timings.sample
+        self._timing["worker_idle"] += timings.idle
 
     def _outputs_message(self, outputs: list[FinishedOutput]) -> StepOutputs:
         return StepOutputs(
@@ -182,8 +202,10 @@ class SchedulerActor:
             num_generated_tokens=self._generated_tokens,
             num_cached_tokens=core.num_cached_tokens,
             schedule_seconds=timing["schedule"],
-            step_seconds=timing["step"],
+            update_seconds=timing["update"],
+            wait_seconds=timing["wait"],
             prepare_seconds=timing["prepare"],
             forward_seconds=timing["forward"],
             sample_seconds=timing["sample"],
+            worker_idle_seconds=timing["worker_idle"],
         )

@@ -16,8 +16,11 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """Counters plus derived properties; nothing stored that can be computed.
 
-    Tokens `[0, num_computed_tokens)` have their KV in the cache. The scheduler extends that range
-    every step; when it reaches `num_tokens`, the worker samples one more token.
+    The scheduler's view is optimistic: scheduling a step at once extends `num_computed_tokens`
+    (the tokens whose KV the cache will hold once every step sent so far has run) and, when that
+    reaches the end of the sequence, counts one more *pending* token: sampled by a step in
+    flight, its value arrives with that step's result. So the next step can be planned before the
+    previous one returns.
     """
 
     __slots__ = (
@@ -25,6 +28,7 @@ class Sequence:
         "finish_reason",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_pending_tokens",
         "num_prompt_tokens",
         "params",
         "rid",
@@ -46,6 +50,7 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.num_computed_tokens = 0
+        self.num_pending_tokens = 0  # sampled by steps in flight, values not known yet
         self.num_cached_tokens = -1  # prompt tokens from the prefix cache; -1 until admitted
         self.block_table: list[int] = []
         self.status = SequenceStatus.WAITING
@@ -53,11 +58,13 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
+        """Known and pending tokens."""
+        return len(self.token_ids) + self.num_pending_tokens
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        """Generated tokens, pending ones included."""
+        return self.num_tokens - self.num_prompt_tokens
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -65,7 +72,7 @@ class Sequence:
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        return len(self.token_ids) - self.num_computed_tokens
+        return self.num_tokens - self.num_computed_tokens
 
     @property
     def is_finished(self) -> bool:

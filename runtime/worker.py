@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import trio
 
 from runtime.config import EngineConfig
-from runtime.messages import Ping, Pong, Shutdown, StepPlan, WireError, WorkerReady
+from runtime.messages import Ping, Pong, Shutdown, StepPlan, StepResult, WireError, WorkerReady
 from runtime.model_runner import ModelRunner
 from runtime.transport import Channel
 
@@ -15,7 +17,9 @@ class WorkerActor:
         self.config = config
         self.scheduler_address = scheduler_address
         self.progress = progress
-        # torch runs in one thread at a time, so the trio loop stays free for messages
+        # In its own process the worker has nothing else to do while the model runs, so it
+        # runs it inline; sharing a trio loop with other actors, it runs it in one thread.
+        self.inline = config.mode == "process"
         self._torch_thread = trio.CapacityLimiter(1)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -26,17 +30,22 @@ class WorkerActor:
             )
             await scheduler.send(WorkerReady(runner.num_blocks))
             task_status.started()
+            finished = time.perf_counter()
             while True:
                 msg = await scheduler.recv()
                 match msg:
                     case StepPlan():
-                        result = await trio.to_thread.run_sync(
-                            runner.execute, msg, limiter=self._torch_thread
-                        )
+                        result = await self._execute(runner, msg, time.perf_counter() - finished)
                         await scheduler.send(result)
+                        finished = time.perf_counter()
                     case Ping(nonce=nonce):
                         await scheduler.send(Pong(nonce, None))
                     case Shutdown():
                         return
                     case _:
                         raise WireError(f"worker got an unexpected {type(msg).__name__}")
+
+    async def _execute(self, runner: ModelRunner, plan: StepPlan, idle: float) -> StepResult:
+        if self.inline:
+            return runner.execute(plan, idle)
+        return await trio.to_thread.run_sync(runner.execute, plan, idle, limiter=self._torch_thread)

@@ -1,15 +1,19 @@
-"""Drive the pure scheduler like the actors do, with a fake model, checking invariants each step."""
+"""Drive the pure scheduler like the actors do, with a fake model, checking invariants each step.
+
+`depth` is how many steps may be in flight, as in the scheduler actor: 1 waits for each result
+before scheduling the next step, 2 keeps one step queued ahead of the worker.
+"""
 
 from __future__ import annotations
 
 import random
-from collections import Counter
+from collections import Counter, deque
 
 from runtime.block_manager import BlockManager
-from runtime.messages import decode, encode
+from runtime.messages import StepPlan, decode, encode
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import FinishedOutput, ScheduledStep, Scheduler
-from runtime.seq_table import SeqTable, WorkerSeq
+from runtime.seq_table import SeqTable
 from runtime.sequence import Sequence, SequenceStatus
 
 EOS = 0
@@ -26,6 +30,7 @@ class CoreHarness:
         max_model_len: int = 64,
         seed: int = 0,
         prefix_caching: bool = True,
+        depth: int = 1,
     ) -> None:
         self.bm = BlockManager(num_blocks, block_size, prefix_caching)
         self.sched = Scheduler(
@@ -35,12 +40,14 @@ class CoreHarness:
             max_model_len=max_model_len,
             eos_token_ids=frozenset({EOS}),
         )
+        self.depth = depth
         self.worker = SeqTable()
         self.rng = random.Random(seed)
         self.next_seq_id = 0
         self.outputs: dict[str, list[FinishedOutput]] = {}
         self.finished: dict[str, str] = {}
         self.step_id = 0
+        self.in_flight: deque[tuple[ScheduledStep, StepPlan]] = deque()
 
     def add(self, rid: str, prompt: list[int], max_tokens: int, ignore_eos: bool = True) -> None:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
@@ -53,42 +60,56 @@ class CoreHarness:
             self.finished[rid] = "abort"
 
     def step(self, abort_in_flight: tuple[str, ...] = ()) -> ScheduledStep:
+        """Schedule one step, then retire steps until fewer than `depth` are in flight."""
         scheduled = self.sched.schedule()
-        plan = decode(encode(scheduled.to_plan(self.step_id)))  # exactly what the worker gets
-        self.step_id += 1
+        if scheduled.seqs:
+            plan = decode(encode(scheduled.to_plan(self.step_id)))  # what the worker gets
+            assert isinstance(plan, StepPlan)
+            self.step_id += 1
+            self.in_flight.append((scheduled, plan))
+        else:
+            self.sched.requeue_released(scheduled)
+        while self.in_flight and (len(self.in_flight) >= self.depth or not scheduled.seqs):
+            self._retire(abort_in_flight)
+            abort_in_flight = ()
+            if scheduled.seqs:
+                break
+        self.check_invariants()
+        return scheduled
+
+    def _retire(self, abort_in_flight: tuple[str, ...]) -> None:
+        """The worker runs the oldest step in flight; then its result reaches the scheduler."""
+        scheduled, plan = self.in_flight.popleft()
         worker_seqs = self.worker.apply(plan)
-        self._check_worker_mirror(scheduled, worker_seqs)
-        for rid in abort_in_flight:  # arrive while the worker computes
-            self.abort(rid)
         sampled = {}
-        for seq_id, ws, n in zip(plan.seq_ids, worker_seqs, plan.num_tokens, strict=True):
+        for i, (seq_id, ws, n) in enumerate(
+            zip(plan.seq_ids, worker_seqs, plan.num_tokens, strict=True)
+        ):
+            assert ws.num_computed_tokens == scheduled.starts[i]
+            assert len(ws.block_table) * self.bm.block_size >= ws.num_computed_tokens + n
+            assert SeqTable.samples(ws, n) == scheduled.samples[i]
             token = None
-            if SeqTable.samples(ws, n):
+            if scheduled.samples[i]:
                 token = self.rng.randrange(0, 8)  # small vocab: EOS (0) comes up often
                 sampled[seq_id] = (token, -1.0)
             SeqTable.commit(ws, n, token)
+        for rid in abort_in_flight:  # arrive while the worker computes
+            self.abort(rid)
         for out in self.sched.update(scheduled, sampled):
             self.outputs[out.rid].append(out)
             if out.finish_reason is not None:
                 assert out.rid not in self.finished, f"{out.rid} finished twice"
                 self.finished[out.rid] = out.finish_reason
-        self.check_invariants()
-        return scheduled
+        for seq, ws in zip(scheduled.seqs, worker_seqs, strict=True):
+            if seq.status is not SequenceStatus.FINISHED:  # same tokens on both sides
+                assert seq.token_ids == ws.token_ids
 
     def run_until_idle(self, max_steps: int = 10_000) -> None:
         for _ in range(max_steps):
-            if not self.sched.has_work():
+            if not self.sched.has_work() and not self.in_flight:
                 return
             self.step()
         raise AssertionError("scheduler made no progress")
-
-    def _check_worker_mirror(self, scheduled: ScheduledStep, worker_seqs: list[WorkerSeq]) -> None:
-        for seq, ws, n in zip(scheduled.seqs, worker_seqs, scheduled.num_tokens, strict=True):
-            assert ws.token_ids == seq.token_ids
-            assert ws.num_computed_tokens == seq.num_computed_tokens
-            assert ws.block_table == seq.block_table
-            assert n >= 1
-            assert len(seq.block_table) * self.bm.block_size >= seq.num_computed_tokens + n
 
     def check_invariants(self) -> None:
         bm, sched = self.bm, self.sched
@@ -106,7 +127,8 @@ class CoreHarness:
             assert seq.status is SequenceStatus.RUNNING
             assert len(seq.block_table) == -(-seq.num_computed_tokens // bm.block_size)
             assert len(set(seq.block_table)) == len(seq.block_table)
+            assert 0 <= seq.num_pending_tokens <= self.depth
         assert len(sched.running) <= sched.max_num_seqs
         assert set(sched.by_rid) == {s.rid for s in live}
-        if not sched.has_work():
+        if not sched.has_work() and not self.in_flight:
             assert bm.num_free_blocks == bm.num_blocks

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from runtime.layers.attention import AttentionMetadata, PrefillSlice, causal_mask, paged_attention
+from runtime.layers.attention import (
+    AttentionMetadata,
+    PrefillSlice,
+    causal_mask,
+    gather_rows,
+    paged_attention,
+)
 
 HEADS, KV_HEADS, DIM, BLOCK, NUM_BLOCKS = 4, 2, 8, 4, 64
 
@@ -30,15 +36,15 @@ def test_mixed_batch_matches_dense_attention() -> None:
         )
         for c, n in layout
     ]
-    cache = torch.zeros(2, NUM_BLOCKS, BLOCK, KV_HEADS, DIM)
+    cache = torch.zeros(2, KV_HEADS, NUM_BLOCKS, BLOCK, DIM)
     free = torch.randperm(NUM_BLOCKS, generator=gen).tolist()
     tables = []
     for (c, n), (_, k, v) in zip(layout, full, strict=True):
         table = [free.pop() for _ in range(-(-(c + n) // BLOCK))]
         tables.append(table)
         for p in range(c):  # the cached context is already in the cache
-            cache[0, table[p // BLOCK], p % BLOCK] = k[p]
-            cache[1, table[p // BLOCK], p % BLOCK] = v[p]
+            cache[0, :, table[p // BLOCK], p % BLOCK] = k[p]
+            cache[1, :, table[p // BLOCK], p % BLOCK] = v[p]
     q = torch.cat([f[0][c:] for (c, _), f in zip(layout, full, strict=True)])
     k = torch.cat([f[1][c:] for (c, _), f in zip(layout, full, strict=True)])
     v = torch.cat([f[2][c:] for (c, _), f in zip(layout, full, strict=True)])
@@ -50,14 +56,21 @@ def test_mixed_batch_matches_dense_attention() -> None:
     width = max(len(t) for t in tables[:3])
     decode_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables[:3]])
     lens = torch.tensor([c + n for c, n in layout[:3]])
+    padding = torch.arange(width * BLOCK)[None, :] >= lens[:, None]
     meta = AttentionMetadata(
         slot_mapping=torch.tensor(slots),
         num_decodes=3,
-        decode_block_tables=decode_tables,
-        decode_mask=(torch.arange(width * BLOCK)[None, :] < lens[:, None])[:, None, None, :],
+        decode_rows=gather_rows(decode_tables, KV_HEADS, NUM_BLOCKS),
+        decode_bias=torch.zeros(padding.shape).masked_fill(padding, -torch.inf)[:, None, None],
         prefills=[
-            PrefillSlice(3, 9, 9, torch.tensor(tables[3]), None),
-            PrefillSlice(12, 6, 11, torch.tensor(tables[4]), causal_mask(6, 11, q.device)),
+            PrefillSlice(3, 9, 9, None, None),
+            PrefillSlice(
+                12,
+                6,
+                11,
+                gather_rows(torch.tensor(tables[4]), KV_HEADS, NUM_BLOCKS),
+                causal_mask(6, 11, q.device),
+            ),
         ],
     )
     out = paged_attention(q, k, v, cache, meta, scale=DIM**-0.5)

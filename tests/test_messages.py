@@ -35,7 +35,7 @@ PARAMS = SamplingParams(
     stop_token_ids=(5, 6),
     stop=("END",),
 )
-STATS = SchedulerStats(1, 2, 3, 4, 5, 6, 7, 8, 9, 0.1, 0.2, 0.3, 0.4, 0.5)
+STATS = SchedulerStats(1, 2, 3, 4, 5, 6, 7, 8, 9, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 EXAMPLES = [
     PARAMS,
     AddRequest("r1", (1, 2, 3), PARAMS),
@@ -48,8 +48,8 @@ EXAMPLES = [
     NewSeq(1, (4, 5), 2, 0, PARAMS),
     StepPlan(9, (NewSeq(1, (4, 5), 2, 0, PARAMS),), (1, 2), (2, 1), (1, 1), (7, 8), (3,)),
     WorkerReady(100),
-    StepTimings(0.1, 0.2, 0.3),
-    StepResult(9, (1, 2), (10, 11), (-0.5, -1.0), StepTimings(0.1, 0.2, 0.3)),
+    StepTimings(0.1, 0.2, 0.3, 0.4),
+    StepResult(9, (1, 2), (10, 11), (-0.5, -1.0), StepTimings(0.1, 0.2, 0.3, 0.4)),
     EngineReady(100, 2048),
     STATS,
     StepOutputs(("a", "b"), (1, 2), (-0.1, -0.2), (None, "stop"), (0, 16), STATS),

@@ -7,8 +7,9 @@ from hypothesis import strategies as st
 from tests.core_harness import EOS, CoreHarness
 
 
-def test_decodes_every_request_to_its_length() -> None:
-    h = CoreHarness()
+@pytest.mark.parametrize("depth", [1, 2])
+def test_decodes_every_request_to_its_length(depth: int) -> None:
+    h = CoreHarness(depth=depth)
     for i in range(5):
         h.add(f"r{i}", [1 + i] * (3 + 7 * i), max_tokens=4 + i)
     h.run_until_idle()
@@ -25,8 +26,9 @@ def test_long_prompt_is_chunked_within_the_token_budget() -> None:
     assert len(h.outputs["long"]) == 2
 
 
-def test_eos_stops_unless_ignored() -> None:
-    h = CoreHarness()
+@pytest.mark.parametrize("depth", [1, 2])
+def test_eos_stops_unless_ignored(depth: int) -> None:
+    h = CoreHarness(depth=depth)
     h.add("a", [5, 6, 7], max_tokens=40, ignore_eos=False)
     h.add("b", [5, 6, 7], max_tokens=40, ignore_eos=True)
     h.run_until_idle()
@@ -34,8 +36,9 @@ def test_eos_stops_unless_ignored() -> None:
     assert len(h.outputs["b"]) == 40 and h.finished["b"] == "length"
 
 
-def test_shared_prefix_hits_the_cache_and_verifies_tokens() -> None:
-    h = CoreHarness(block_size=4)
+@pytest.mark.parametrize("depth", [1, 2])
+def test_shared_prefix_hits_the_cache_and_verifies_tokens(depth: int) -> None:
+    h = CoreHarness(block_size=4, depth=depth)
     prompt = list(range(1, 14))  # 13 tokens: 3 full blocks may be shared
     h.add("first", prompt, max_tokens=1)
     h.run_until_idle()
@@ -55,8 +58,11 @@ def test_cache_never_covers_the_last_token() -> None:
     assert h.outputs["again"][0].num_cached_tokens == 4
 
 
-def test_pool_exhaustion_preempts_and_everyone_still_finishes() -> None:
-    h = CoreHarness(num_blocks=8, block_size=4, max_model_len=32, max_num_batched_tokens=64)
+@pytest.mark.parametrize("depth", [1, 2])
+def test_pool_exhaustion_preempts_and_everyone_still_finishes(depth: int) -> None:
+    h = CoreHarness(
+        num_blocks=8, block_size=4, max_model_len=32, max_num_batched_tokens=64, depth=depth
+    )
     for i in range(6):
         h.add(f"r{i}", [i + 1] * 5, max_tokens=20)
     h.run_until_idle()
@@ -87,8 +93,9 @@ def test_rejects_duplicate_rid_and_too_long_requests() -> None:
         h.add("b", [1] * 10, max_tokens=7)
 
 
-def test_abort_100_of_200_leaves_every_block_free() -> None:
-    h = CoreHarness(num_blocks=64, block_size=4, max_num_seqs=32, max_model_len=64)
+@pytest.mark.parametrize("depth", [1, 2])
+def test_abort_100_of_200_leaves_every_block_free(depth: int) -> None:
+    h = CoreHarness(num_blocks=64, block_size=4, max_num_seqs=32, max_model_len=64, depth=depth)
     for i in range(200):
         h.add(f"r{i}", [1 + i % 7] * (2 + i % 13), max_tokens=8 + i % 5)
     for _ in range(3):
@@ -121,6 +128,7 @@ operations = st.lists(
     budget=st.integers(1, 24),
     max_num_seqs=st.integers(1, 6),
     prefix_caching=st.booleans(),
+    depth=st.sampled_from([1, 2]),
 )
 def test_no_interleaving_leaks_or_double_frees_a_block(
     ops: list,
@@ -129,6 +137,7 @@ def test_no_interleaving_leaks_or_double_frees_a_block(
     budget: int,
     max_num_seqs: int,
     prefix_caching: bool,
+    depth: int,
 ) -> None:
     h = CoreHarness(
         num_blocks=num_blocks,
@@ -137,6 +146,7 @@ def test_no_interleaving_leaks_or_double_frees_a_block(
         max_num_batched_tokens=budget,
         max_model_len=min(32, num_blocks * block_size),
         prefix_caching=prefix_caching,
+        depth=depth,
     )
     added = 0
     for op in ops:
