@@ -74,6 +74,31 @@ class _EngineCollector(Collector):
             "Prompt tokens served from the prefix cache.",
             stats.scheduler.num_cached_tokens,
         )
+        yield from _time_split(stats)
+
+
+def _time_split(stats: EngineStats) -> Iterator[Metric]:
+    """Where engine time goes, for benchmarks: divide by runtime:engine_steps_total."""
+    s = stats.scheduler
+    yield CounterMetricFamily("runtime:engine_steps", "Engine steps run.", s.num_steps)
+    phases = CounterMetricFamily(
+        "runtime:step_phase_seconds",
+        "Seconds spent per engine-step phase, in total.",
+        labels=["phase"],
+    )
+    for phase, seconds in (
+        ("schedule", s.schedule_seconds),
+        ("update", s.update_seconds),
+        ("prepare", s.prepare_seconds),
+        ("forward", s.forward_seconds),
+        ("sample", s.sample_seconds),
+        ("worker_idle", s.worker_idle_seconds),
+        ("scheduler_wait", s.wait_seconds),
+        ("dispatch", stats.dispatch_seconds),
+        ("detokenize", stats.detokenize_seconds),
+    ):
+        phases.add_metric([phase], seconds)
+    yield phases
 
 
 class Metrics:

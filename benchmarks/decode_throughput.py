@@ -77,19 +77,19 @@ async def main_async(args: argparse.Namespace) -> None:
     async with open_engine(config) as engine:
         await run_batch(engine, 4, args.prompt_len, 16)  # warm-up: first-call costs
         print(
-            f"model={model} mode={args.mode} prompt_len={args.prompt_len} "
-            f"output_len={args.output_len}"
+            f"model={model} mode={args.mode} dtype={args.dtype} threads={args.threads} "
+            f"async={not args.sync} prompt_len={args.prompt_len} output_len={args.output_len}"
         )
         print(
             f"{'batch':>5} {'tok/s':>8} {'step ms':>8} | {'sched':>6} {'prep':>6} {'fwd':>6} "
-            f"{'sample':>6} {'msg':>6} {'front':>6}  (ms per step)"
+            f"{'sample':>6} {'w.idle':>6}  (ms per step)"
         )
         for batch in args.batch:
             r = await run_batch(engine, batch, args.prompt_len, args.output_len)
             print(
                 f"{r['batch']:>5} {r['tokens_per_s']:>8.0f} {r['step_ms']:>8.2f} | "
                 f"{r['schedule']:>6.2f} {r['prepare']:>6.2f} {r['forward']:>6.2f} "
-                f"{r['sample']:>6.2f} {r['messaging']:>6.2f} {r['frontend']:>6.2f}"
+                f"{r['sample']:>6.2f} {r['worker_idle']:>6.2f}"
             )
 
 

@@ -69,7 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
     )
     serve.add_argument("--device", default="cpu")
-    serve.add_argument("--threads", type=int, default=0, help="torch threads in the worker")
+    serve.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads in the worker (default: all cores but one)",
+    )
     serve.add_argument("--mode", default="process", choices=["process", "inproc"])
     serve.add_argument("--no-prefix-caching", action="store_true")
     serve.add_argument("--api-key", default=os.environ.get("RUNTIME_API_KEY"))

@@ -40,7 +40,7 @@ class EngineConfig:
         enable_prefix_caching: reuse KV blocks of identical prompt prefixes.
         dtype: "auto" (the checkpoint's), "float32", "bfloat16" or "float16".
         device: torch device of the worker ("cpu" or "cuda").
-        num_threads: torch intra-op threads in the worker; 0 leaves torch's default.
+        num_threads: torch intra-op threads in the worker; 0 means all cores but one.
         async_scheduling: schedule step N+1 while step N computes (one step queued ahead).
     """
 

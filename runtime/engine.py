@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -67,6 +68,8 @@ class Engine(EngineClient):
         self._nonces = itertools.count()
         self._dead: BaseException | None = None
         self._prompt_tokens = 0
+        self._dispatch_seconds = 0.0
+        self._detokenize_seconds = 0.0
         self._stats = SchedulerStats.idle(ready.num_kv_blocks)
 
     # -- EngineClient --------------------------------------------------------------------
@@ -125,6 +128,8 @@ class Engine(EngineClient):
             kv_cache_usage=used / s.num_total_blocks if s.num_total_blocks else 0.0,
             prompt_tokens_total=self._prompt_tokens,
             generation_tokens_total=s.num_generated_tokens,
+            dispatch_seconds=self._dispatch_seconds,
+            detokenize_seconds=self._detokenize_seconds,
             scheduler=s,
         )
 
@@ -165,7 +170,10 @@ class Engine(EngineClient):
         self._outbox_ready.set()
         try:
             while True:
-                output = processor.process(await stream.next_output())
+                tokens = await stream.next_output()
+                started = time.perf_counter()
+                output = processor.process(tokens)
+                self._detokenize_seconds += time.perf_counter() - started
                 if output.finished:
                     stream.end(output.finish_reason or "stop")  # a stop string ends it here
                 yield output
@@ -256,7 +264,9 @@ class Engine(EngineClient):
             msg = await self._channel.recv()
             match msg:
                 case StepOutputs():
+                    started = time.perf_counter()
                     self._dispatch(msg)
+                    self._dispatch_seconds += time.perf_counter() - started
                 case Pong(nonce=nonce, stats=stats):
                     if stats is not None:
                         self._stats = stats
@@ -293,18 +303,20 @@ async def open_engine(config: EngineConfig, *, progress: bool = False) -> AsyncI
     info = load_model_info(config)
     config = config.replace(max_model_len=resolve_max_model_len(config, info))
     tokenizer = await trio.to_thread.run_sync(AutoTokenizer.from_pretrained, config.model)
-    async with trio.open_nursery() as nursery:
-        channel, processes = await start_actors(nursery, config, info.eos_token_ids, progress)
-        with channel:
+    async with trio.open_nursery() as actors:
+        channel, processes = await start_actors(actors, config, info.eos_token_ids, progress)
+        with channel:  # closed only once the tasks using it have exited
             ready = await channel.recv()
             if not isinstance(ready, EngineReady):
                 raise WireError(f"expected EngineReady, got {type(ready).__name__}")
             engine = Engine(config, info, tokenizer, channel, ready)
             engine.processes = processes
-            nursery.start_soon(engine._send_loop)
-            nursery.start_soon(engine._receive_loop)
-            try:
-                yield engine
-            finally:
-                engine._fail_all(EngineDeadError("the engine shut down"))
-                nursery.cancel_scope.cancel()
+            async with trio.open_nursery() as frontend:
+                frontend.start_soon(engine._send_loop)
+                frontend.start_soon(engine._receive_loop)
+                try:
+                    yield engine
+                finally:
+                    engine._fail_all(EngineDeadError("the engine shut down"))
+                    frontend.cancel_scope.cancel()
+        actors.cancel_scope.cancel()

@@ -6,6 +6,7 @@ worker actor runs `execute` in a thread of its own.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import torch
 
 from runtime.config import EngineConfig
 from runtime.layers.attention import AttentionMetadata, PrefillSlice, causal_mask, gather_rows
+from runtime.layers.basic import pack_linears_for_cpu
 from runtime.loader import load_weights
 from runtime.messages import StepPlan, StepResult, StepTimings
 from runtime.model_info import load_model_info, resolve_max_model_len
@@ -33,10 +35,15 @@ class ModelInputs:
     sampling: SamplingBatch | None
 
 
+def default_num_threads() -> int:
+    """All cores but one, which the scheduler and the frontend need. On the 2-core dev box a
+    second torch thread made decode steps ~2x slower (OpenMP spin-waits for tiny ops)."""
+    return max(1, len(os.sched_getaffinity(0)) - 1)
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, progress: bool = False) -> None:
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        torch.set_num_threads(config.num_threads or default_num_threads())
         self.config = config
         self.info = load_model_info(config)
         self.max_model_len = resolve_max_model_len(config, self.info)
@@ -46,6 +53,8 @@ class ModelRunner:
         model = MODELS[self.info.architecture](args, self.info.hf_config, self.max_model_len)
         model.to(device=self.device, dtype=self.info.dtype)
         load_weights(model, config.model, progress=progress)
+        if self.device.type == "cpu":
+            pack_linears_for_cpu(model)
         self.model = model.eval()
         self.num_blocks = self._num_kv_blocks()
         self.num_kv_heads = args.num_kv_heads
@@ -152,7 +161,7 @@ class ModelRunner:
         if not seqs:
             return {
                 "decode_rows": self._tensor([]),
-                "decode_bias": torch.zeros((0, 1, 1, 1), device=self.device),
+                "decode_bias": torch.zeros((0, 1, 1), device=self.device),
             }
         context_lens = [s.num_computed_tokens + 1 for s in seqs]
         width = max(-(-c // self.block_size) for c in context_lens)
@@ -160,8 +169,11 @@ class ModelRunner:
         rows = gather_rows(self._tensor(tables), self.num_kv_heads, self.num_blocks)
         keys = torch.arange(width * self.block_size, device=self.device)
         padding = keys[None, :] >= self._tensor(context_lens)[:, None]  # [B, width * bs]
-        bias = torch.zeros(padding.shape, device=self.device).masked_fill_(padding, -torch.inf)
-        return {"decode_rows": rows, "decode_bias": bias[:, None, None, :]}
+        bias = torch.zeros(padding.shape, dtype=self.info.dtype, device=self.device)
+        bias.masked_fill_(padding, -torch.inf)
+        # one row per (sequence, kv head), as the decode's batched matmul sees them
+        bias = bias.repeat_interleave(self.num_kv_heads, dim=0).unsqueeze(1)
+        return {"decode_rows": rows, "decode_bias": bias}
 
     def _sampling(self, seqs: list[WorkerSeq]) -> SamplingBatch:
         rows = []

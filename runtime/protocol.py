@@ -35,6 +35,8 @@ class EngineStats:
         kv_cache_usage: fraction of KV blocks held by sequences, 0 to 1.
         prompt_tokens_total: prompt tokens of all requests submitted so far.
         generation_tokens_total: tokens generated so far.
+        dispatch_seconds: frontend time handing step outputs to requests, in total.
+        detokenize_seconds: frontend time turning tokens into text (and stop strings).
         scheduler: the scheduler's full counters (steps, timings, preemptions...).
     """
 
@@ -44,6 +46,8 @@ class EngineStats:
     kv_cache_usage: float
     prompt_tokens_total: int
     generation_tokens_total: int
+    dispatch_seconds: float
+    detokenize_seconds: float
     scheduler: SchedulerStats
 
 

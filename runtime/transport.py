@@ -58,6 +58,8 @@ class Channel:
                     break
                 except pynng.TryAgain:
                     await trio.lowlevel.wait_readable(self._send_fd)
+                except pynng.Closed:
+                    raise trio.ClosedResourceError("the channel was closed") from None
         self.bytes_sent += len(data)
         await trio.lowlevel.checkpoint_if_cancelled()
 
@@ -69,6 +71,8 @@ class Channel:
                 break
             except pynng.TryAgain:
                 await trio.lowlevel.wait_readable(self._recv_fd)
+            except pynng.Closed:
+                raise trio.ClosedResourceError("the channel was closed") from None
         self.bytes_received += len(data)
         return decode(data)
 

@@ -103,7 +103,7 @@ class FakeEngine(EngineClient):
 
     def statistics(self) -> EngineStats:
         stats = SchedulerStats(len(self.open), 0, 90, 100, *[0] * 5, *[0.0] * 7)
-        return EngineStats(len(self.open), 0, len(self.open), 0.1, 7, 11, stats)
+        return EngineStats(len(self.open), 0, len(self.open), 0.1, 7, 11, 0.0, 0.0, stats)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) % 100 for c in text]

