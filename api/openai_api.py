@@ -16,6 +16,7 @@ from api.state import ServerState
 from api.streaming import (
     SSE_DONE,
     Collected,
+    TextChunks,
     collect_all,
     error_event,
     merged,
@@ -134,11 +135,16 @@ async def completion_events(
     include_usage: bool,
 ) -> AsyncIterator[bytes]:
     results = [Collected() for _ in streams]
+    chunks = TextChunks(
+        head, ',"text":', ',"logprobs":null,"finish_reason":null,"stop_reason":null'
+    )
     try:
         async with aclosing(merged(streams, state.metrics, app.nursery)) as outputs:
             async for i, out in outputs:
                 results[i].add(out)
-                if out.text or out.finished:
+                if out.text and not out.finished:
+                    yield chunks.event(i, out.text)
+                elif out.finished:
                     choice = {
                         "index": i,
                         "text": out.text,
@@ -164,12 +170,15 @@ async def chat_events(
     result = Collected()
     delta = {"role": "assistant", "content": ""}  # OpenAI sends the role first, on its own
     yield sse_event(head | {"choices": [chat_choice(delta, None)]})
+    chunks = TextChunks(
+        head, ',"delta":{"content":', '},"logprobs":null,"finish_reason":null,"stop_reason":null'
+    )
     try:
         async with aclosing(merged(streams, state.metrics, app.nursery)) as outputs:
             async for _, out in outputs:
                 result.add(out)
                 if out.text:
-                    yield sse_event(head | {"choices": [chat_choice({"content": out.text})]})
+                    yield chunks.event(0, out.text)
                 if out.finished:
                     choice = chat_choice({}, out.finish_reason, out.matched_stop)
                     yield sse_event(head | {"choices": [choice]})

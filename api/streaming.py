@@ -28,6 +28,32 @@ def sse_event(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
+class TextChunks:
+    """SSE events that differ only in their choice index and text, built without a dict.
+
+    Every token of a stream becomes one such event, so the rest of it is encoded once per
+    request: `head` (id, object, created, model), then `choices` with `before` + the text +
+    `after`. The result is the JSON that `sse_event` would produce for the same fields.
+    """
+
+    def __init__(self, head: dict[str, Any], before: str, after: str) -> None:
+        head_json = json.dumps(head, separators=(",", ":"))
+        self._prefix = f'data: {head_json[:-1]},"choices":[{{"index":'.encode()
+        self._before = before.encode()
+        self._after = f"{after}}}]}}\n\n".encode()
+
+    def event(self, index: int, text: str) -> bytes:
+        return b"".join(
+            (
+                self._prefix,
+                str(index).encode(),
+                self._before,
+                json.dumps(text).encode(),
+                self._after,
+            )
+        )
+
+
 async def sse_response(events: AsyncIterator[bytes]) -> Response:
     response = await make_response(
         events,

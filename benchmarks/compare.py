@@ -79,8 +79,8 @@ def run_server_levels(
         cpu_after, client_after = server.cpu_by_process(), own_cpu()
         summary["cpu_s"] = {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}
         summary["cpu_s"]["load generator"] = client_after - client_before
-        if with_phases:
-            after = scrape_phases(server.url)
+        after = scrape_phases(server.url) if with_phases else {}
+        if "steps" in after:  # servers older than the time split have no such metrics
             steps = max(1.0, after["steps"] - phases_before["steps"])
             summary["steps"] = steps
             summary["ms_per_step"] = {
@@ -175,6 +175,8 @@ def print_time_split(args: argparse.Namespace, results: dict[str, list[dict[str,
     print("\nwhere our step time goes (ms per engine step) and CPU seconds per 1k output tokens")
     print(f"{'conc':>4} {'steps':>6} " + " ".join(f"{p[:10]:>10}" for p in PHASES))
     for concurrency, r in zip(args.concurrency, results["ours"], strict=True):
+        if "ms_per_step" not in r:
+            continue
         split = " ".join(f"{r['ms_per_step'][p]:>10.3f}" for p in PHASES)
         print(f"{concurrency:>4} {r['steps']:>6.0f} {split}")
     for system in ("ours", "vllm"):

@@ -78,7 +78,8 @@ async def main_async(args: argparse.Namespace) -> None:
         await run_batch(engine, 4, args.prompt_len, 16)  # warm-up: first-call costs
         print(
             f"model={model} mode={args.mode} dtype={args.dtype} threads={args.threads} "
-            f"async={not args.sync} prompt_len={args.prompt_len} output_len={args.output_len}"
+            f"in_flight={args.steps_in_flight} prompt_len={args.prompt_len} "
+            f"output_len={args.output_len}"
         )
         print(
             f"{'batch':>5} {'tok/s':>8} {'step ms':>8} | {'sched':>6} {'prep':>6} {'fwd':>6} "
@@ -102,7 +103,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--threads", type=int, default=0, help="torch threads in the worker")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    parser.add_argument("--sync", action="store_true", help="no async scheduling")
+    parser.add_argument("--steps-in-flight", type=int, default=2)
     trio.run(main_async, parser.parse_args())
 
 

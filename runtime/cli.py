@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -77,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--mode", default="process", choices=["process", "inproc"])
     serve.add_argument("--no-prefix-caching", action="store_true")
+    serve.add_argument(
+        "--max-steps-in-flight",
+        type=int,
+        default=2,
+        help="1: schedule after each result; 2: keep a step queued ahead",
+    )
     serve.add_argument("--api-key", default=os.environ.get("RUNTIME_API_KEY"))
     serve.add_argument(
         "--drain-timeout",
@@ -107,6 +114,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         dtype=args.dtype,
         device=args.device,
         num_threads=args.threads,
+        max_steps_in_flight=args.max_steps_in_flight,
     )
 
 
@@ -147,6 +155,8 @@ async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: t
                     )
                 )
                 ready.set()
+                gc.collect()
+                gc.freeze()  # tokenizer, app, engine: long-lived, out of every later GC pass
                 logger.info("serving %s at %s (OpenAI API under %s/v1)", name, binds[0], binds[0])
         nursery.cancel_scope.cancel()
 

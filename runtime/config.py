@@ -41,7 +41,9 @@ class EngineConfig:
         dtype: "auto" (the checkpoint's), "float32", "bfloat16" or "float16".
         device: torch device of the worker ("cpu" or "cuda").
         num_threads: torch intra-op threads in the worker; 0 means all cores but one.
-        async_scheduling: schedule step N+1 while step N computes (one step queued ahead).
+        max_steps_in_flight: steps sent to the worker and not yet answered. 1 waits for each
+            result before scheduling the next step; 2 keeps one step queued behind the one
+            computing, so scheduling and messaging overlap the forward pass.
     """
 
     model: str
@@ -56,12 +58,18 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "cpu"
     num_threads: int = 0
-    async_scheduling: bool = True
+    max_steps_in_flight: int = 2
 
     def __post_init__(self) -> None:
         if self.mode not in ("process", "inproc"):
             raise ValueError(f"mode must be 'process' or 'inproc', not {self.mode!r}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory"):
+        for name in (
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "block_size",
+            "kv_cache_memory",
+            "max_steps_in_flight",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("max_model_len", "num_kv_blocks", "num_threads"):

@@ -52,7 +52,7 @@ class SchedulerActor:
         self._results_send, self._results = trio.open_memory_channel[StepResult](1)
         self._next_seq_id = 0
         self._step_id = 0
-        self.depth = 2 if config.async_scheduling else 1  # steps in flight
+        self.depth = config.max_steps_in_flight
         self._timing = dict.fromkeys(
             ("schedule", "update", "wait", "prepare", "forward", "sample", "worker_idle"), 0.0
         )

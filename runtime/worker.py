@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 
 import trio
@@ -28,6 +29,8 @@ class WorkerActor:
             runner = await trio.to_thread.run_sync(
                 ModelRunner, self.config, self.progress, limiter=self._torch_thread
             )
+            gc.collect()
+            gc.freeze()  # the model's objects live forever: keep them out of every GC pass
             await scheduler.send(WorkerReady(runner.num_blocks))
             task_status.started()
             finished = time.perf_counter()
