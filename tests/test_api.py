@@ -450,3 +450,14 @@ async def test_engine_failure_mid_stream_is_reported_in_band(engine: FakeEngine)
         )
         chunks = sse_payloads(await response.get_data())
         assert chunks[-1]["error"]["message"] == "the engine died"
+
+
+def test_text_chunk_templates_match_the_general_encoder() -> None:
+    from api.streaming import TextChunks, sse_event
+
+    head = {"id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m"}
+    chunks = TextChunks(head, ',"text":', ',"logprobs":null,"finish_reason":null,"stop_reason":null')
+    for text in ["plain", 'quote " and \\ slash', "ünïcødé ✓\n\t", ""]:
+        choice = {"index": 2, "text": text, "logprobs": None, "finish_reason": None,
+                  "stop_reason": None}
+        assert chunks.event(2, text) == sse_event(head | {"choices": [choice]})

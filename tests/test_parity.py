@@ -83,3 +83,14 @@ async def test_greedy_parity_under_preemption(
     assert [r["tokens"] for r in results] == references[arch][1:]
     assert stats.scheduler.num_preemptions > 0
     assert stats.scheduler.num_free_blocks == 40
+
+
+async def test_greedy_parity_without_a_step_queued_ahead(
+    model_dirs: dict[str, Path], references: dict[str, list[list[int]]]
+) -> None:
+    """max_steps_in_flight=1 (schedule only after each result) gives the same tokens."""
+    config = EngineConfig(model=str(model_dirs["llama"]), mode="inproc", max_model_len=512,
+                          num_kv_blocks=40, max_steps_in_flight=1)
+    async with open_engine(config) as engine:
+        results = await collect_all(engine, prompt_set(), GREEDY)
+    assert [r["tokens"] for r in results] == references["llama"][1:]
