@@ -14,9 +14,12 @@ and each process's CPU time, and writes `compare.json` and `compare.png` to `--o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,83 +59,94 @@ def scrape_phases(url: str) -> dict[str, float]:
     return values
 
 
-def run_server_levels(
-    server: servers.Server, args: argparse.Namespace, with_phases: bool
-) -> list[dict[str, Any]]:
-    results = []
-    for concurrency in args.concurrency:
-        prompts = max(args.min_prompts, concurrency * args.rounds)
-        workload = Workload(
-            server.url,
-            "tiny",
-            args.input_len,
-            args.output_len,
-            prompts,
-            concurrency,
-            None,
-            min(concurrency, 8),
-            args.vocab_size,
-            seed=7,
-        )
-        phases_before = scrape_phases(server.url) if with_phases else {}
-        cpu_before, client_before = server.cpu_by_process(), own_cpu()
-        summary = trio.run(benchmark, workload)
-        cpu_after, client_after = server.cpu_by_process(), own_cpu()
-        summary["cpu_s"] = {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}
-        summary["cpu_s"]["load generator"] = client_after - client_before
-        after = scrape_phases(server.url) if with_phases else {}
-        if "steps" in after:  # servers older than the time split have no such metrics
-            steps = max(1.0, after["steps"] - phases_before["steps"])
-            summary["steps"] = steps
-            summary["ms_per_step"] = {
-                p: 1000 * (after[p] - phases_before[p]) / steps for p in PHASES
-            }
-        results.append(summary)
-        print(
-            f"  {server.name} c={concurrency}: {summary['output_throughput']:.0f} tok/s, "
-            f"errors {summary['errors']}",
-            flush=True,
-        )
-    return results
+def prompts_for(args: argparse.Namespace, concurrency: int) -> int:
+    return max(args.min_prompts, concurrency * args.rounds)
 
 
-def hf_static_batches(args: argparse.Namespace, model_dir: str) -> list[dict[str, Any]]:
-    """One `generate` over a static batch per level; the best of 1 and all torch threads."""
-    import torch
-    from transformers import AutoModelForCausalLM
+def serve_run(
+    server: servers.Server,
+    args: argparse.Namespace,
+    concurrency: int,
+    seed: int,
+    prompts: int | None = None,
+) -> dict[str, Any]:
+    """One load-generator run against `server`, with its CPU time and (ours) phase split."""
+    workload = Workload(
+        server.url,
+        "tiny",
+        args.input_len,
+        args.output_len,
+        prompts or prompts_for(args, concurrency),
+        concurrency,
+        None,
+        0,
+        args.vocab_size,
+        seed=seed,
+    )
+    phases_before = scrape_phases(server.url) if server.name == "ours" else {}
+    cpu_before, client_before = server.cpu_by_process(), own_cpu()
+    summary = trio.run(benchmark, workload)
+    cpu_after, client_after = server.cpu_by_process(), own_cpu()
+    summary["cpu_s"] = {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}
+    summary["cpu_s"]["load generator"] = client_after - client_before
+    phases_after = scrape_phases(server.url) if server.name == "ours" else {}
+    if "steps" in phases_after:  # servers older than the time split have no such metrics
+        summary["phase_s"] = {p: phases_after[p] - phases_before[p] for p in (*PHASES, "steps")}
+    return summary
 
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-    results = []
-    for concurrency in args.concurrency:
-        prompts = make_prompts(concurrency, args.input_len, args.vocab_size, seed=7)
-        ids = torch.tensor(prompts)
-        best: dict[str, Any] | None = None
-        for threads in sorted({1, torch.get_num_threads()}):
-            torch.set_num_threads(threads)
-            runs = sorted(
-                (_hf_timed(model, ids, args.output_len) for _ in range(args.repeats)),
-                key=lambda r: r["output_throughput"],
-            )
-            run = runs[len(runs) // 2]
-            run["threads"] = threads
-            if best is None or run["output_throughput"] > best["output_throughput"]:
-                best = run
-        assert best is not None
-        results.append(best)
-        print(
-            f"  transformers c={concurrency}: {best['output_throughput']:.0f} tok/s "
-            f"({best['threads']} threads)",
-            flush=True,
+
+def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median run (by throughput), with CPU and phase time summed over all runs."""
+    ordered = sorted(runs, key=lambda r: r["output_throughput"])
+    median = dict(ordered[len(ordered) // 2])
+    median["all_throughputs"] = [r["output_throughput"] for r in runs]
+    median["completed_total"] = sum(r.get("completed", 0) for r in runs)
+    if all("cpu_s" in r for r in runs):
+        names = {k for r in runs for k in r["cpu_s"]}
+        median["cpu_s"] = {k: sum(r["cpu_s"].get(k, 0.0) for r in runs) for k in names}
+    if all("phase_s" in r for r in runs):
+        steps = max(1.0, sum(r["phase_s"]["steps"] for r in runs))
+        median["steps"] = steps
+        median["ms_per_step"] = {
+            p: 1000 * sum(r["phase_s"][p] for r in runs) / steps for p in PHASES
+        }
+    return median
+
+
+class HFBaseline:
+    """One `generate` over a static batch of the level's size: the model-bound ceiling."""
+
+    def __init__(self, args: argparse.Namespace, model_dir: str) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        self.args = args
+        self.threads: dict[int, int] = {}  # concurrency -> the faster torch thread count
+
+    def run(self, concurrency: int, seed: int) -> dict[str, Any]:
+        import torch
+
+        ids = torch.tensor(
+            make_prompts(concurrency, self.args.input_len, self.args.vocab_size, seed=seed)
         )
-    return results
+        if concurrency not in self.threads:  # first time: try 1 thread and all of them
+            timings = {}
+            for threads in sorted({1, torch.get_num_threads()}):
+                torch.set_num_threads(threads)
+                timings[threads] = _hf_timed(self.model, ids, self.args.output_len)
+            self.threads[concurrency] = max(timings, key=lambda t: timings[t]["output_throughput"])
+        torch.set_num_threads(self.threads[concurrency])
+        result = _hf_timed(self.model, ids, self.args.output_len)
+        result["threads"] = self.threads[concurrency]
+        return result
 
 
 def _hf_timed(model: Any, ids: Any, output_len: int) -> dict[str, Any]:
     import torch
 
-    mask = torch.ones_like(ids)
-    kwargs = {"attention_mask": mask, "do_sample": False, "pad_token_id": 0}
+    kwargs = {"attention_mask": torch.ones_like(ids), "do_sample": False, "pad_token_id": 0}
     with torch.inference_mode():
         model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kwargs)  # warm-up
         start = time.perf_counter()
@@ -150,6 +164,36 @@ def _hf_timed(model: Any, ids: Any, output_len: int) -> dict[str, Any]:
         "e2e_ms": {k: total * 1000 for k in flat},
         "errors": 0,
     }
+
+
+def measure(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    """Every level, every system; repeats interleave the systems, because this machine's
+    speed drifts by tens of percent over minutes and would otherwise favor whoever ran first."""
+    with contextlib.ExitStack() as stack:
+        systems: dict[str, Callable[[int, int], dict[str, Any]]] = {}
+        running = [stack.enter_context(servers.ours(args.model, args.dtype, "tiny"))]
+        if args.vllm_venv:
+            running.append(
+                stack.enter_context(servers.vllm(args.vllm_venv, args.model, args.dtype, "tiny"))
+            )
+        for server in running:
+            systems[server.name] = partial(serve_run, server, args)
+        if not args.skip_hf:
+            systems["transformers"] = HFBaseline(args, args.model).run
+        results: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+        for concurrency in args.concurrency:
+            for server in running:
+                # a full round first: lazy init and (vLLM) compiled shapes of this batch size
+                serve_run(server, args, concurrency, seed=6, prompts=concurrency)
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+            for repeat in range(args.repeats):
+                for name, run in systems.items():
+                    runs[name].append(run(concurrency, 7 + repeat))
+            for name in systems:
+                results[name].append(combine(runs[name]))
+                spread = ", ".join(f"{t:.0f}" for t in results[name][-1]["all_throughputs"])
+                print(f"  {name} c={concurrency}: runs {spread} tok/s", flush=True)
+        return results
 
 
 def print_table(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -> None:
@@ -186,7 +230,7 @@ def print_time_split(args: argparse.Namespace, results: dict[str, list[dict[str,
         print(f"{concurrency:>4} {r['steps']:>6.0f} {split}")
     for system in ("ours", "vllm"):
         for concurrency, r in zip(args.concurrency, results.get(system, []), strict=False):
-            tokens = r["completed"] * args.output_len / 1000
+            tokens = r["completed_total"] * args.output_len / 1000
             cpu = ", ".join(
                 f"{name} {seconds / tokens:.3f}"
                 for name, seconds in sorted(r["cpu_s"].items())
@@ -261,14 +305,7 @@ def main() -> None:
         args.model = str(builtin_model_dir())
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, list[dict[str, Any]]] = {}
-    with servers.ours(args.model, args.dtype, "tiny") as server:
-        results["ours"] = run_server_levels(server, args, with_phases=True)
-    if args.vllm_venv:
-        with servers.vllm(args.vllm_venv, args.model, args.dtype, "tiny") as server:
-            results["vllm"] = run_server_levels(server, args, with_phases=False)
-    if not args.skip_hf:
-        results["transformers"] = hf_static_batches(args, args.model)
+    results = measure(args)
     print_table(args, results)
     print_time_split(args, results)
     (out / "compare.json").write_text(

@@ -127,6 +127,7 @@ class StepPlan:
     block_seq_ids: tuple[int, ...]
     block_ids: tuple[int, ...]
     released: tuple[int, ...]
+    queued: bool  # sent while an earlier step computed: the worker should find it waiting
 
 
 @message(12)

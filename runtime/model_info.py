@@ -84,11 +84,25 @@ def _eos_token_ids(path: Path, hf: PretrainedConfig) -> frozenset[int]:
 
 
 def _dtype(config: EngineConfig, hf: PretrainedConfig) -> torch.dtype:
+    """ "auto" serves the checkpoint's dtype, except as vLLM does: float32 runs in bfloat16
+    where the hardware computes bf16 natively, and float16 runs in float32 on CPUs."""
     if config.dtype != "auto":
         return _DTYPES[config.dtype]
     dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None) or torch.float32
     if isinstance(dtype, str):
         dtype = _DTYPES.get(dtype, torch.float32)
+    if dtype == torch.float32 and native_bf16(config.device):
+        return torch.bfloat16
     if dtype == torch.float16 and config.device == "cpu":
         return torch.float32  # fp16 matmuls on CPU are slow and lose precision
     return dtype
+
+
+def native_bf16(device: str) -> bool:
+    if device.startswith("cuda"):
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags

@@ -42,7 +42,7 @@ class ScheduledStep:
     def total_tokens(self) -> int:
         return sum(self.num_tokens)
 
-    def to_plan(self, step_id: int) -> StepPlan:
+    def to_plan(self, step_id: int, queued: bool = False) -> StepPlan:
         return StepPlan(
             step=step_id,
             new_seqs=tuple(self.new_seqs),
@@ -51,6 +51,7 @@ class ScheduledStep:
             block_seq_ids=tuple(s for s, _ in self.new_blocks),
             block_ids=tuple(b for _, b in self.new_blocks),
             released=tuple(self.released),
+            queued=queued,
         )
 
 

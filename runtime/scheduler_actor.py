@@ -113,7 +113,7 @@ class SchedulerActor:
             changed = await self._drain_inbox(worker)
             scheduled = None
             if len(in_flight) < self.depth and self.core.has_work():
-                scheduled = await self._send_step(worker)
+                scheduled = await self._send_step(worker, queued=bool(in_flight))
                 if scheduled is not None:
                     in_flight.append(scheduled)
             outputs: list[FinishedOutput] = []
@@ -143,14 +143,14 @@ class SchedulerActor:
         self.core.add(Sequence(self._next_seq_id, add.rid, list(add.prompt_token_ids), add.params))
         self._next_seq_id += 1
 
-    async def _send_step(self, worker: Channel) -> tuple[ScheduledStep, int] | None:
+    async def _send_step(self, worker: Channel, queued: bool) -> tuple[ScheduledStep, int] | None:
         """Schedule and send one step; None if there is nothing to compute right now."""
         start = time.perf_counter()
         scheduled = self.core.schedule()
         if not scheduled.seqs:
             self.core.requeue_released(scheduled)
             return None
-        plan = scheduled.to_plan(self._step_id)
+        plan = scheduled.to_plan(self._step_id, queued)
         self._step_id += 1
         self._timing["schedule"] += time.perf_counter() - start
         await worker.send(plan)

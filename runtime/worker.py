@@ -38,7 +38,10 @@ class WorkerActor:
                 msg = await scheduler.recv()
                 match msg:
                     case StepPlan():
-                        result = await self._execute(runner, msg, time.perf_counter() - finished)
+                        # waiting for a plan counts as idle only if it was queued behind the
+                        # previous step, i.e. it could have been here; else the engine had no work
+                        idle = time.perf_counter() - finished if msg.queued else 0.0
+                        result = await self._execute(runner, msg, idle)
                         await scheduler.send(result)
                         finished = time.perf_counter()
                     case Ping(nonce=nonce):

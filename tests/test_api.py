@@ -456,8 +456,15 @@ def test_text_chunk_templates_match_the_general_encoder() -> None:
     from api.streaming import TextChunks, sse_event
 
     head = {"id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m"}
-    chunks = TextChunks(head, ',"text":', ',"logprobs":null,"finish_reason":null,"stop_reason":null')
+    chunks = TextChunks(
+        head, ',"text":', ',"logprobs":null,"finish_reason":null,"stop_reason":null'
+    )
     for text in ["plain", 'quote " and \\ slash', "ünïcødé ✓\n\t", ""]:
-        choice = {"index": 2, "text": text, "logprobs": None, "finish_reason": None,
-                  "stop_reason": None}
+        choice = {
+            "index": 2,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": None,
+            "stop_reason": None,
+        }
         assert chunks.event(2, text) == sse_event(head | {"choices": [choice]})

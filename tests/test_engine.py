@@ -16,7 +16,11 @@ MODES = ["inproc", "process"]
 
 
 def config(model: Path, mode: str, **overrides: object) -> EngineConfig:
-    return EngineConfig(model=str(model), mode=mode, max_model_len=512).replace(**overrides)
+    # float32 everywhere: bf16 GEMMs may round differently for another batch size, and these
+    # tests compare tokens across batches (and the CI machine may lack native bf16)
+    return EngineConfig(model=str(model), mode=mode, max_model_len=512, dtype="float32").replace(
+        **overrides
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)

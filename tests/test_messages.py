@@ -46,7 +46,7 @@ EXAMPLES = [
     Pong(4, STATS),
     Shutdown(),
     NewSeq(1, (4, 5), 2, 0, PARAMS),
-    StepPlan(9, (NewSeq(1, (4, 5), 2, 0, PARAMS),), (1, 2), (2, 1), (1, 1), (7, 8), (3,)),
+    StepPlan(9, (NewSeq(1, (4, 5), 2, 0, PARAMS),), (1, 2), (2, 1), (1, 1), (7, 8), (3,), True),
     WorkerReady(100),
     StepTimings(0.1, 0.2, 0.3, 0.4),
     StepResult(9, (1, 2), (10, 11), (-0.5, -1.0), StepTimings(0.1, 0.2, 0.3, 0.4)),

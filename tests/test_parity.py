@@ -50,7 +50,11 @@ async def test_greedy_parity_with_prefix_cache_and_chunked_prefill(
     model_dirs: dict[str, Path], references: dict[str, list[list[int]]], arch: str, mode: str
 ) -> None:
     config = EngineConfig(
-        model=str(model_dirs[arch]), mode=mode, max_model_len=512, max_num_batched_tokens=256
+        dtype="float32",  # transformers computes the references in float32
+        model=str(model_dirs[arch]),
+        mode=mode,
+        max_model_len=512,
+        max_num_batched_tokens=256,
     )  # 16 prompts need several chunked steps
     async with open_engine(config) as engine:
         warm = await collect(engine, SHARED, GREEDY)  # puts the shared prefix in the cache
@@ -71,6 +75,7 @@ async def test_greedy_parity_under_preemption(
 ) -> None:
     # 40 blocks of 16 = 640 tokens for ~2,300 prompt tokens in flight: preemption is certain
     config = EngineConfig(
+        dtype="float32",  # transformers computes the references in float32
         model=str(model_dirs[arch]),
         mode=mode,
         max_model_len=512,
@@ -89,8 +94,14 @@ async def test_greedy_parity_without_a_step_queued_ahead(
     model_dirs: dict[str, Path], references: dict[str, list[list[int]]]
 ) -> None:
     """max_steps_in_flight=1 (schedule only after each result) gives the same tokens."""
-    config = EngineConfig(model=str(model_dirs["llama"]), mode="inproc", max_model_len=512,
-                          num_kv_blocks=40, max_steps_in_flight=1)
+    config = EngineConfig(
+        model=str(model_dirs["llama"]),
+        mode="inproc",
+        max_model_len=512,
+        dtype="float32",
+        num_kv_blocks=40,
+        max_steps_in_flight=1,
+    )
     async with open_engine(config) as engine:
         results = await collect_all(engine, prompt_set(), GREEDY)
     assert [r["tokens"] for r in results] == references["llama"][1:]
