@@ -172,6 +172,14 @@ def measure(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     with contextlib.ExitStack() as stack:
         systems: dict[str, Callable[[int, int], dict[str, Any]]] = {}
         running = [stack.enter_context(servers.ours(args.model, args.dtype, "tiny"))]
+        if args.before:
+            running.append(
+                stack.enter_context(
+                    servers.ours(
+                        args.model, args.dtype, "tiny", checkout=args.before, name="before"
+                    )
+                )
+            )
         if args.vllm_venv:
             running.append(
                 stack.enter_context(servers.vllm(args.vllm_venv, args.model, args.dtype, "tiny"))
@@ -228,7 +236,7 @@ def print_time_split(args: argparse.Namespace, results: dict[str, list[dict[str,
             continue
         split = " ".join(f"{r['ms_per_step'][p]:>10.3f}" for p in PHASES)
         print(f"{concurrency:>4} {r['steps']:>6.0f} {split}")
-    for system in ("ours", "vllm"):
+    for system in ("ours", "before", "vllm"):
         for concurrency, r in zip(args.concurrency, results.get(system, []), strict=False):
             tokens = r["completed_total"] * args.output_len / 1000
             cpu = ", ".join(
@@ -297,6 +305,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="measured runs per level")
     parser.add_argument("--vocab-size", type=int, default=4000)
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--before", help="a checkout of an older commit, served as 'before'")
     parser.add_argument("--out-dir", default="out/compare")
     args = parser.parse_args()
     if args.model is None:
