@@ -75,6 +75,7 @@ class Server:
         port: int,
         env: dict[str, str] | None = None,
         startup_timeout: float = 600.0,
+        cwd: str | None = None,
     ) -> None:
         self.name = name
         self.url = f"http://127.0.0.1:{port}"
@@ -86,6 +87,7 @@ class Server:
             stderr=subprocess.STDOUT,
             env=os.environ | (env or {}),
             start_new_session=True,
+            cwd=cwd,
         )
         deadline = time.monotonic() + startup_timeout
         while time.monotonic() < deadline:
@@ -123,28 +125,21 @@ class Server:
         self.stop()
 
 
-def ours(model: str, dtype: str, served: str, extra: list[str] | None = None) -> Server:
+def ours(
+    model: str,
+    dtype: str,
+    served: str,
+    extra: list[str] | None = None,
+    checkout: str | None = None,
+    name: str = "ours",
+) -> Server:
+    """Our server; from another checkout of the repository (an older commit) if given."""
     port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "runtime.cli",
-        "serve",
-        "--model",
-        model,
-        "--port",
-        str(port),
-        "--dtype",
-        dtype,
-        "--served-model-name",
-        served,
-        "--max-num-seqs",
-        "256",
-        "--log-level",
-        "warning",
-        *(extra or []),
-    ]
-    return Server("ours", command, port)
+    command = [sys.executable, "-m", "runtime.cli", "serve", "--model", model, "--port",
+               str(port), "--dtype", dtype, "--served-model-name", served, "--max-num-seqs",
+               "256", "--log-level", "warning", *(extra or [])]  # fmt: skip
+    env = {"PYTHONPATH": str(Path(checkout).resolve())} if checkout else None
+    return Server(name, command, port, env=env, cwd=checkout)
 
 
 def vllm(venv: str, model: str, dtype: str, served: str) -> Server:
