@@ -22,7 +22,13 @@ class Strict(BaseModel):
 
 class StreamOptions(Strict):
     include_usage: bool = False
-    continuous_usage_stats: bool = False
+    continuous_usage_stats: bool = False  # vLLM's; accepted only as false (not implemented)
+
+    @model_validator(mode="after")
+    def _reject_unimplemented(self) -> StreamOptions:
+        if self.continuous_usage_stats:
+            raise unsupported("stream_options.continuous_usage_stats", "is not supported yet")
+        return self
 
 
 class Sampling(Strict):

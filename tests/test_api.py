@@ -311,6 +311,19 @@ BAD_REQUESTS = [
     (
         "POST",
         "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": "hi",
+            "stream": True,
+            "stream_options": {"continuous_usage_stats": True},
+        },
+        400,
+        "stream_options.continuous_usage_stats",
+        "unsupported_parameter",
+    ),
+    (
+        "POST",
+        "/v1/completions",
         {"model": MODEL, "prompt": "hi", "frobnicate": 1},
         400,
         "frobnicate",
