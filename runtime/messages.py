@@ -95,11 +95,6 @@ class Pong:
     stats: SchedulerStats | None
 
 
-@message(6)
-class Shutdown:
-    """Ask an actor to return from `run` (the graceful first step of tearing a child down)."""
-
-
 @message(10)
 class NewSeq:
     """Scheduler → worker: a sequence the worker has no state for (new, or back from preemption)."""

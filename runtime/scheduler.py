@@ -38,10 +38,6 @@ class ScheduledStep:
     new_blocks: list[tuple[int, int]] = field(default_factory=list)  # (seq_id, block_id)
     released: list[int] = field(default_factory=list)  # seq ids whose worker state must go
 
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.num_tokens)
-
     def to_plan(self, step_id: int, queued: bool = False) -> StepPlan:
         return StepPlan(
             step=step_id,

@@ -33,8 +33,6 @@ class Channel:
         self._recv_fd = sock.recv_fd
         self._send_fd = sock.send_fd
         self._send_lock = trio.Lock()
-        self.bytes_sent = 0
-        self.bytes_received = 0
 
     @classmethod
     def listen(cls, address: str) -> Channel:
@@ -60,7 +58,6 @@ class Channel:
                     await trio.lowlevel.wait_readable(self._send_fd)
                 except pynng.Closed:
                     raise trio.ClosedResourceError("the channel was closed") from None
-        self.bytes_sent += len(data)
         await trio.lowlevel.checkpoint_if_cancelled()
 
     async def recv(self) -> object:
@@ -73,7 +70,6 @@ class Channel:
                 await trio.lowlevel.wait_readable(self._recv_fd)
             except pynng.Closed:
                 raise trio.ClosedResourceError("the channel was closed") from None
-        self.bytes_received += len(data)
         return decode(data)
 
     def close(self) -> None:

@@ -8,7 +8,7 @@ import time
 import trio
 
 from runtime.config import EngineConfig
-from runtime.messages import Ping, Pong, Shutdown, StepPlan, StepResult, WireError, WorkerReady
+from runtime.messages import Ping, Pong, StepPlan, StepResult, WireError, WorkerReady
 from runtime.model_runner import ModelRunner
 from runtime.transport import Channel
 
@@ -24,7 +24,7 @@ class WorkerActor:
         self._torch_thread = trio.CapacityLimiter(1)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Load the model, report `WorkerReady`, then serve steps until `Shutdown` or cancel."""
+        """Load the model, report `WorkerReady`, then serve steps until cancelled."""
         with Channel.dial(self.scheduler_address) as scheduler:
             runner = await trio.to_thread.run_sync(
                 ModelRunner, self.config, self.progress, limiter=self._torch_thread
@@ -46,8 +46,6 @@ class WorkerActor:
                         finished = time.perf_counter()
                     case Ping(nonce=nonce):
                         await scheduler.send(Pong(nonce, None))
-                    case Shutdown():
-                        return
                     case _:
                         raise WireError(f"worker got an unexpected {type(msg).__name__}")
 
