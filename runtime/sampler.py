@@ -89,15 +89,19 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, to
 
 
 def _filter(sorted_probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Zero out what top-k, then top-p, then min-p exclude (probabilities sorted descending)."""
+    """Zero out what min-p, then top-k, then top-p exclude (probabilities sorted descending).
+
+    vLLM's (v1) order: min-p is measured against the most likely token of the whole
+    distribution, and top-p against what min-p and top-k leave, renormalized.
+    """
+    threshold = batch.min_p[:, None] * sorted_probs[:, :1]
+    sorted_probs = sorted_probs.masked_fill(sorted_probs < threshold, 0.0)
     vocab = sorted_probs.shape[-1]
     rank = torch.arange(vocab, device=sorted_probs.device)[None, :]
     k = torch.where(batch.top_k > 0, batch.top_k, vocab)[:, None]
     sorted_probs = sorted_probs.masked_fill(rank >= k, 0.0)
-    # top-p on the renormalized top-k distribution; the most likely token always stays
-    cumulative = sorted_probs.cumsum(dim=-1) / sorted_probs.sum(dim=-1, keepdim=True)
-    before = cumulative - sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
+    # the most likely token always stays
+    total = sorted_probs.sum(dim=-1, keepdim=True)
+    before = (sorted_probs.cumsum(dim=-1) - sorted_probs) / total
     drop = (before >= batch.top_p[:, None]) & (batch.top_p[:, None] < 1.0)  # 1.0: keep all, exactly
-    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-    threshold = batch.min_p[:, None] * sorted_probs[:, :1]
-    return sorted_probs.masked_fill(sorted_probs < threshold, 0.0)
+    return sorted_probs.masked_fill(drop, 0.0)
