@@ -89,13 +89,14 @@ def _register_basics(app: QuartTrio, state: ServerState) -> None:
     async def tokenize() -> Response:
         req = await state.parse(TokenizeRequest)
         state.check_model(req.model)
+        param, text, special = "prompt", req.prompt or "", req.add_special_tokens
         if req.messages is not None:
-            text = openai_api.render_chat_text(
-                state, [{"role": m.role, "content": m.text()} for m in req.messages]
-            )
-            tokens = state.engine.tokenize(text, add_special_tokens=False)
-        else:
-            tokens = state.engine.tokenize(req.prompt or "", req.add_special_tokens)
+            param, special = "messages", False
+            text = openai_api.render_chat_text(state, [m.as_dict() for m in req.messages])
+        try:
+            tokens = state.engine.tokenize(text, add_special_tokens=special)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param=param) from None
         card = state.engine.model_card
         return jsonify(
             {"count": len(tokens), "max_model_len": card.max_model_len, "tokens": tokens}

@@ -112,7 +112,11 @@ def render_chat_text(state: ServerState, conversation: list[dict[str, str]]) -> 
 
 def render_chat(state: ServerState, conversation: list[dict[str, str]]) -> list[int]:
     # the template already holds whatever special tokens (BOS...) the model wants
-    return state.engine.tokenize(render_chat_text(state, conversation), add_special_tokens=False)
+    text = render_chat_text(state, conversation)
+    try:
+        return state.engine.tokenize(text, add_special_tokens=False)
+    except ValueError as exc:  # e.g. a lone surrogate, which JSON can carry
+        raise APIError(400, str(exc), param="messages") from None
 
 
 def usage(results: list[Collected]) -> dict[str, Any]:

@@ -9,11 +9,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from api.errors import unsupported
+from api.errors import APIError, unsupported
 from runtime.sampling_params import SamplingParams
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+Seed = Annotated[int, Field(ge=-(2**63), lt=2**64)]  # what the sampler's 64-bit hash takes
+
+
+def build_sampling_params(**fields: Any) -> SamplingParams:
+    """SamplingParams' own checks (combinations the schema cannot see) as a 400 too."""
+    try:
+        return SamplingParams(**fields)
+    except ValueError as exc:
+        raise APIError(400, str(exc), code="invalid_value") from None
 
 
 class Strict(BaseModel):
@@ -40,7 +49,7 @@ class Sampling(Strict):
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     stop: NonEmptyStr | list[NonEmptyStr] | None = None
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -77,7 +86,7 @@ class Sampling(Strict):
 
     def sampling_params(self, max_tokens: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        return SamplingParams(
+        return build_sampling_params(
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
@@ -136,6 +145,13 @@ class ChatMessage(Strict):
             return "".join(part.text for part in self.content)
         return self.content or ""
 
+    def as_dict(self) -> dict[str, str]:
+        """The message as the chat template sees it (templates may use `name`, as in vLLM)."""
+        message = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
 
 class ChatCompletionRequest(Sampling):
     model: str
@@ -159,7 +175,7 @@ class ChatCompletionRequest(Sampling):
         return self
 
     def conversation(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        return [m.as_dict() for m in self.messages]
 
     @property
     def max_output_tokens(self) -> int | None:
@@ -177,11 +193,11 @@ class NativeSamplingParams(Strict):
     stop: NonEmptyStr | list[NonEmptyStr] | None = None
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     ignore_eos: bool = False
-    seed: int | None = None
+    seed: Seed | None = None
 
     def sampling_params(self) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        return SamplingParams(
+        return build_sampling_params(
             max_tokens=self.max_new_tokens,
             temperature=self.temperature,
             top_p=self.top_p,

@@ -1,8 +1,10 @@
 """Paged KV blocks: a free list, ref counts and a prefix cache keyed by chained block hashes.
 
 A block holds `block_size` consecutive tokens of one or more sequences' KV. A *full* block whose
-KV is computed is registered under `hash((hash of previous block, its tokens))`, so equal hashes
-mean equal prefixes up to collisions, which we rule out by comparing the stored tokens.
+KV is computed is registered under a digest chained over the whole prefix: BLAKE2b of (the
+previous block's digest, its tokens). Python's `hash()` would be faster, but its collisions can
+be built on purpose, and a collision serves one user's KV to another prompt (vLLM's
+CVE-2025-25183); a hit also compares the stored tokens.
 
 Freed blocks keep their hash and contents until they are handed out again, so a later request
 with the same prefix can revive them. The free list is ordered oldest-freed first, and sequences
@@ -11,7 +13,17 @@ free their blocks tail first, so the blocks evicted first are the ends of old pr
 
 from __future__ import annotations
 
+import hashlib
+from array import array
+
 from runtime.sequence import Sequence
+
+
+def block_digest(parent: bytes | None, token_ids: tuple[int, ...]) -> bytes:
+    """128-bit digest of a full block and, through `parent`, of every token before it."""
+    digest = hashlib.blake2b(parent or b"", digest_size=16)
+    digest.update(array("q", token_ids).tobytes())
+    return digest.digest()
 
 
 class Block:
@@ -20,7 +32,7 @@ class Block:
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_count = 0
-        self.hash: int | None = None
+        self.hash: bytes | None = None
         self.token_ids: tuple[int, ...] = ()
 
 
@@ -34,7 +46,7 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: dict[int, None] = dict.fromkeys(range(num_blocks))  # insertion-ordered set
-        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.cached: dict[bytes, int] = {}  # block digest -> block id
 
     @property
     def num_blocks(self) -> int:
@@ -72,11 +84,11 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         matched: list[int] = []
-        parent: int | None = None
+        parent: bytes | None = None
         known = len(seq.token_ids)
         for start in range(0, known - 1 - self.block_size + 1, self.block_size):
             tokens = tuple(seq.token_ids[start : start + self.block_size])
-            block_id = self.cached.get(hash((parent, tokens)))
+            block_id = self.cached.get(block_digest(parent, tokens))
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
             matched.append(block_id)
@@ -107,7 +119,7 @@ class BlockManager:
             if block.hash is None:
                 start = i * self.block_size
                 block.token_ids = tuple(seq.token_ids[start : start + self.block_size])
-                block.hash = hash((parent, block.token_ids))
+                block.hash = block_digest(parent, block.token_ids)
                 self.cached[block.hash] = block.block_id
             parent = block.hash
 

@@ -38,19 +38,29 @@ def main(argv: list[str] | None = None) -> None:
     )
     logging.getLogger("runtime.hypercorn").setLevel(logging.WARNING)
     try:
+        if args.max_open_requests < 1:
+            raise ValueError("--max-open-requests must be at least 1")
         config = engine_config(args)
     except ValueError as exc:
         parser.error(str(exc))
     try:
         trio.run(serve_main, args, config)
     except* (ValueError, FileNotFoundError) as group:
-        for error in group.exceptions:
+        for error in leaf_exceptions(group):
+            logger.debug("startup failed", exc_info=error)
             logger.error("%s", error)
         sys.exit(2)
     except* Exception as failures:
-        for failure in failures.exceptions:
-            logger.error("the server stopped: %s", failure)
+        for failure in leaf_exceptions(failures):
+            logger.error("the server stopped: %r", failure, exc_info=failure)
         sys.exit(1)
+
+
+def leaf_exceptions(error: BaseException) -> list[BaseException]:
+    """The errors themselves, out of the (nested) exception groups nurseries wrap them in."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in leaf_exceptions(inner)]
+    return [error]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,7 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-steps-in-flight",
         type=int,
         default=2,
+        choices=[1, 2],
         help="1: schedule after each result; 2: keep a step queued ahead",
+    )
+    serve.add_argument(
+        "--max-open-requests",
+        type=int,
+        default=4096,
+        help="requests open at once (running, waiting or streaming) beyond which new ones get 503",
     )
     serve.add_argument("--api-key", default=os.environ.get("RUNTIME_API_KEY"))
     serve.add_argument(
@@ -141,7 +158,11 @@ async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: t
             default_name = "tiny-llama"
         async with open_engine(config, progress=True) as engine:
             name = args.served_model_name or default_name
-            settings = ServerSettings(served_model_name=name, api_key=args.api_key)
+            settings = ServerSettings(
+                served_model_name=name,
+                api_key=args.api_key,
+                max_open_requests=args.max_open_requests,
+            )
             async with trio.open_nursery() as server:
                 binds = await server.start(
                     partial(

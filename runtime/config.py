@@ -43,7 +43,7 @@ class EngineConfig:
         num_threads: torch intra-op threads in the worker; 0 means all cores but one.
         max_steps_in_flight: steps sent to the worker and not yet answered. 1 waits for each
             result before scheduling the next step; 2 keeps one step queued behind the one
-            computing, so scheduling and messaging overlap the forward pass.
+            computing, so scheduling and messaging overlap the forward pass. No more than 2.
     """
 
     model: str
@@ -72,6 +72,10 @@ class EngineConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_steps_in_flight > 2:
+            # deeper, a sequence preempted and re-admitted could meet the result of a step
+            # planned before its preemption (the scheduler's property tests cover 1 and 2)
+            raise ValueError(f"max_steps_in_flight must be 1 or 2, got {self.max_steps_in_flight}")
         for name in ("max_model_len", "num_kv_blocks", "num_threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

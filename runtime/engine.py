@@ -134,6 +134,7 @@ class Engine(EngineClient):
         )
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        text.encode()  # a lone surrogate (JSON allows "\ud800") is a UnicodeError, a ValueError
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
@@ -228,6 +229,7 @@ class Engine(EngineClient):
             raise ValueError(f"stop_token_ids must be below the vocabulary size {vocab}")
         return params.replace(
             max_tokens=params.max_tokens or room,
+            top_k=params.top_k if params.top_k < vocab else 0,  # all of them: keep all
             seed=params.seed if params.seed is not None else random.getrandbits(63),
         )
 

@@ -114,4 +114,7 @@ class FakeEngine(EngineClient):
         return "".join(chr(t + 32) for t in token_ids)
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+        turns = (f"<{m['role']}{':' + m['name'] if 'name' in m else ''}>" for m in messages)
+        return (
+            "".join(t + m["content"] for t, m in zip(turns, messages, strict=True)) + "<assistant>"
+        )

@@ -112,7 +112,7 @@ async def test_streamed_multi_prompt_completion(client: QuartClient) -> None:
 async def test_chat_and_streamed_chat(client: QuartClient, engine: FakeEngine) -> None:
     messages = [
         {"role": "system", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "hello"}]},
+        {"role": "user", "name": "ann", "content": [{"type": "text", "text": "hello"}]},
     ]
     response = await client.post(
         "/v1/chat/completions",
@@ -122,7 +122,7 @@ async def test_chat_and_streamed_chat(client: QuartClient, engine: FakeEngine) -
     assert body["object"] == "chat.completion"
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "alpha beta "}
     prompt, _, _ = engine.requests[0]
-    assert prompt == engine.tokenize("<system>be brief<user>hello<assistant>")
+    assert prompt == engine.tokenize("<system>be brief<user:ann>hello<assistant>")
     response = await client.post(
         "/v1/chat/completions",
         json={"model": MODEL, "messages": messages, "max_tokens": 2, "stream": True},
@@ -388,6 +388,22 @@ BAD_REQUESTS = [
         {"text": "a", "sampling_params": {"max_new_tokens": -1}},
         400,
         "sampling_params.max_new_tokens",
+        "invalid_value",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "seed": 2**64},
+        400,
+        "seed",
+        "invalid_value",
+    ),
+    (
+        "POST",
+        "/generate",
+        {"text": "a", "sampling_params": {"seed": -(2**63) - 1}},
+        400,
+        "sampling_params.seed",
         "invalid_value",
     ),
     ("POST", "/detokenize", {"tokens": [500]}, 400, "tokens", None),

@@ -63,6 +63,40 @@ async def test_abort_100_of_200_in_flight_frees_every_block(llama_dir: Path, mod
 
 
 @pytest.mark.parametrize("mode", MODES)
+async def test_abort_mid_prefill_frees_every_block(llama_dir: Path, mode: str) -> None:
+    """300-token prompts in 64-token chunks: when the first request has its first token, the
+    second is part-way through its prompt and the rest wait; the odd half is abandoned then."""
+    prompts = random_prompts([300] * 12, seed=5)
+    first_token = trio.Event()
+    abandoned: list[trio.CancelScope] = []
+    finished: list[str] = []
+
+    async def request(engine: Engine, i: int) -> None:
+        with trio.CancelScope() as scope:
+            if i % 2:
+                abandoned.append(scope)
+            async for out in engine.generate(prompts[i], SamplingParams(max_tokens=8)):
+                first_token.set()
+                if out.finished:
+                    finished.append(out.finish_reason or "")
+
+    async def abandon_the_odd_half() -> None:
+        await first_token.wait()
+        for scope in abandoned:
+            scope.cancel()
+
+    async with open_engine(config(llama_dir, mode, max_num_batched_tokens=64)) as engine:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(abandon_the_odd_half)
+            for i in range(12):
+                nursery.start_soon(request, engine, i)
+        stats = await engine.fetch_statistics()
+    assert finished == ["length"] * 6
+    assert stats.scheduler.num_aborts == 6
+    assert stats.scheduler.num_free_blocks == stats.scheduler.num_total_blocks
+
+
+@pytest.mark.parametrize("mode", MODES)
 async def test_cancelled_waiting_request_is_never_sent(llama_dir: Path, mode: str) -> None:
     async with open_engine(config(llama_dir, mode)) as engine:
         with trio.CancelScope() as scope:
@@ -153,6 +187,11 @@ def test_bad_sampling_params_raise() -> None:
     ):
         with pytest.raises(ValueError):
             SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_more_than_two_steps_in_flight_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_steps_in_flight must be 1 or 2"):
+        EngineConfig(model="m", max_steps_in_flight=3)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runtime.block_manager import block_digest
 from tests.core_harness import EOS, CoreHarness
 
 
@@ -47,6 +48,18 @@ def test_shared_prefix_hits_the_cache_and_verifies_tokens(depth: int) -> None:
     h.run_until_idle()
     assert h.outputs["second"][0].num_cached_tokens == 12
     assert h.outputs["other"][0].num_cached_tokens == 0
+
+
+def test_a_block_is_reused_only_under_the_same_whole_prefix() -> None:
+    h = CoreHarness(block_size=4)
+    h.add("first", [1, 2, 3, 4, 5, 6, 7, 8, 9], max_tokens=1)
+    h.run_until_idle()
+    h.add("second", [0, 2, 3, 4, 5, 6, 7, 8, 9], max_tokens=1)  # same second block only
+    h.run_until_idle()
+    assert h.outputs["second"][0].num_cached_tokens == 0
+    first_block = block_digest(None, (1, 2, 3, 4))
+    assert block_digest(first_block, (5, 6, 7, 8)) != block_digest(None, (5, 6, 7, 8))
+    assert block_digest(first_block, (5, 6, 7, 8)) == block_digest(first_block, (5, 6, 7, 8))
 
 
 def test_cache_never_covers_the_last_token() -> None:

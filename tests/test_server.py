@@ -147,13 +147,21 @@ BAD_INPUTS = [
     ({"model": "tiny", "prompt": [1, 2, 99999]}, {}, 400),  # token id outside the vocabulary
     ({"model": "tiny", "prompt": "word " * 600}, {}, 400),  # longer than the context
     ({"model": "tiny", "prompt": "hi", "n": 3}, {}, 400),
+    ({"model": "tiny", "prompt": "hi", "seed": 2**70}, {}, 400),
+    ({"model": "tiny", "prompt": "a\ud800b"}, {}, 400),  # a lone surrogate: not Unicode text
     ({"model": "nope", "prompt": "hi"}, {}, 404),
 ]
 
 
+def post_json(url: str, body: dict, headers: dict | None = None) -> httpx.Response:
+    """POST `body` as ASCII JSON, which (unlike httpx's json=) can carry a lone surrogate."""
+    headers = {"Content-Type": "application/json"} | (headers or {})
+    return httpx.post(url, content=json.dumps(body), headers=headers)
+
+
 @pytest.mark.parametrize(("body", "headers", "status"), BAD_INPUTS)
 def test_bad_input_over_http(server: ServerProcess, body: dict, headers: dict, status: int) -> None:
-    response = httpx.post(server.url + "/v1/completions", json=body, headers=headers)
+    response = post_json(server.url + "/v1/completions", body, headers)
     assert response.status_code == status
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
@@ -161,6 +169,28 @@ def test_bad_input_over_http(server: ServerProcess, body: dict, headers: dict, s
         server.url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2}
     )
     assert ok.status_code == 200
+
+
+def test_top_k_beyond_the_vocabulary_keeps_every_token(server: ServerProcess) -> None:
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 4, "seed": 3, "top_k": 2**70}
+    huge = httpx.post(server.url + "/v1/completions", json=body)
+    assert huge.status_code == 200
+    every = httpx.post(server.url + "/v1/completions", json=body | {"top_k": -1})
+    assert huge.json()["choices"][0]["text"] == every.json()["choices"][0]["text"]
+
+
+def test_text_that_is_not_unicode_is_a_400(server: ServerProcess) -> None:
+    for path, body, param in [
+        ("/tokenize", {"model": "tiny", "prompt": "a\ud800"}, "prompt"),
+        (
+            "/v1/chat/completions",
+            {"model": "tiny", "messages": [{"role": "user", "content": "\udfff"}]},
+            "messages",
+        ),
+    ]:
+        response = post_json(server.url + path, body)
+        assert response.status_code == 400, path
+        assert response.json()["error"]["param"] == param
 
 
 def test_malformed_json_over_http(server: ServerProcess) -> None:
