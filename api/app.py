@@ -13,10 +13,11 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from api import native_api, openai_api
-from api.errors import APIError
+from api.errors import APIError, engine_stopped
 from api.schemas import DetokenizeRequest, TokenizeRequest
 from api.state import ServerSettings, ServerState
 from runtime.protocol import EngineClient
+from runtime.request_stream import EngineDeadError
 
 # Paths anyone may read without the API key: probes and scrapers rarely carry one.
 _PUBLIC = frozenset({"/health", "/metrics"})
@@ -122,6 +123,10 @@ def _register_errors(app: QuartTrio) -> None:
     async def http_error(error: HTTPException) -> Response:  # 404 route, 405, 413 ...
         status = error.code or 500
         return _error_response(APIError(status, error.description or error.name))
+
+    @app.errorhandler(EngineDeadError)
+    async def engine_dead(error: EngineDeadError) -> Response:
+        return _error_response(engine_stopped(error))
 
     @app.errorhandler(Exception)
     async def internal_error(error: Exception) -> Response:

@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from runtime.request_stream import EngineDeadError
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -64,6 +66,10 @@ def from_validation_error(exc: ValidationError) -> APIError:
     else:
         message = f"{param}: {first['msg']}" if param else str(first["msg"])
     return APIError(400, message, param=param, code="invalid_value")
+
+
+def engine_stopped(error: EngineDeadError) -> APIError:
+    return APIError(503, f"the engine stopped: {error}", code="engine_dead")
 
 
 def unsupported(param: str, why: str) -> APIError:

@@ -17,9 +17,9 @@ from typing import Any
 import trio
 from quart import Response, make_response
 
-from api.errors import APIError
+from api.errors import APIError, engine_stopped
 from api.metrics import Metrics
-from runtime.request_stream import RequestOutput
+from runtime.request_stream import EngineDeadError, RequestOutput
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -163,5 +163,10 @@ async def _produce(
 
 def error_event(exc: Exception) -> bytes:
     """An in-band error for a stream whose 200 status is already sent."""
-    error = exc if isinstance(exc, APIError) else APIError(500, str(exc) or type(exc).__name__)
+    if isinstance(exc, APIError):
+        error = exc
+    elif isinstance(exc, EngineDeadError):
+        error = engine_stopped(exc)
+    else:
+        error = APIError(500, str(exc) or type(exc).__name__)
     return sse_event(error.body())

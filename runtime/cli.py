@@ -148,15 +148,25 @@ async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: t
     from api.server import serve
     from api.state import ServerSettings
     from runtime.engine import open_engine
+    from runtime.supervisor import ActorDiedError
 
     ready = trio.Event()
+    server_stopped = trio.Event()
+
+    async def stop_serving(error: ActorDiedError) -> None:
+        """Drain: the failed requests send their errors, hypercorn stops; then the error
+        ends the process with status 1, for a process supervisor to restart it."""
+        logger.error("%s: shutting down", error)
+        shutdown.set()
+        await server_stopped.wait()
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_cancel_unless_ready, shutdown, ready, nursery.cancel_scope)
         default_name = Path(config.model).name
         if not config.model:
             config = config.replace(model=str(await builtin_model()))
             default_name = "tiny-llama"
-        async with open_engine(config, progress=True) as engine:
+        async with open_engine(config, progress=True, on_actor_death=stop_serving) as engine:
             name = args.served_model_name or default_name
             settings = ServerSettings(
                 served_model_name=name,
@@ -179,6 +189,7 @@ async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: t
                 gc.collect()
                 gc.freeze()  # tokenizer, app, engine: long-lived, out of every later GC pass
                 logger.info("serving %s at %s (OpenAI API under %s/v1)", name, binds[0], binds[0])
+            server_stopped.set()
         nursery.cancel_scope.cancel()
 
 

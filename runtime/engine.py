@@ -37,8 +37,11 @@ from runtime.output_processor import OutputProcessor
 from runtime.protocol import EngineClient, EngineStats, ModelCard
 from runtime.request_stream import EngineDeadError, RequestOutput, RequestStream
 from runtime.sampling_params import SamplingParams
-from runtime.supervisor import start_actors
+from runtime.supervisor import ActorDiedError, OnDeath, start_actors
 from runtime.transport import Channel
+
+# Seconds the requests of a dead engine (and `on_actor_death`) get to report the error.
+ACTOR_DEATH_GRACE = 5.0
 
 
 class Engine(EngineClient):
@@ -294,19 +297,40 @@ class Engine(EngineClient):
                 stream.push(token_id, logprob, reason, cached)
 
     def _fail_all(self, error: BaseException) -> None:
-        self._dead = error
+        self._dead = self._dead or error  # the first cause is the one to report
         for stream in self._streams.values():
             stream.fail(EngineDeadError(str(error)))
 
 
 @asynccontextmanager
-async def open_engine(config: EngineConfig, *, progress: bool = False) -> AsyncIterator[Engine]:
-    """Start the scheduler and worker actors (processes or tasks, per `config.mode`)."""
+async def open_engine(
+    config: EngineConfig, *, progress: bool = False, on_actor_death: OnDeath | None = None
+) -> AsyncIterator[Engine]:
+    """Start the scheduler and worker actors (processes or tasks, per `config.mode`).
+
+    If an actor process dies, every request fails with EngineDeadError, `on_actor_death` (if
+    given) is awaited, e.g. to let an HTTP server send those errors and stop, and then
+    ActorDiedError cancels everything: within ACTOR_DEATH_GRACE seconds in all.
+    """
     info = load_model_info(config)
     config = config.replace(max_model_len=resolve_max_model_len(config, info))
     tokenizer = await trio.to_thread.run_sync(AutoTokenizer.from_pretrained, config.model)
+    engine: Engine | None = None
+
+    async def report_death(error: ActorDiedError) -> None:
+        """Shielded: even if the engine's user leaves meanwhile, the death is raised after."""
+        if engine is None:
+            return  # still starting: nobody to tell
+        engine._fail_all(error)
+        with trio.move_on_after(ACTOR_DEATH_GRACE, shield=True):
+            await engine.wait_no_requests()
+            if on_actor_death is not None:
+                await on_actor_death(error)
+
     async with trio.open_nursery() as actors:
-        channel, processes = await start_actors(actors, config, info.eos_token_ids, progress)
+        channel, processes = await start_actors(
+            actors, config, info.eos_token_ids, progress, report_death
+        )
         with channel:  # closed only once the tasks using it have exited
             ready = await channel.recv()
             if not isinstance(ready, EngineReady):

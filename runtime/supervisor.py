@@ -1,8 +1,9 @@
 """Start the scheduler and worker actors, as child processes or as tasks, under one nursery.
 
 Either way the actors run the same code; only their addresses differ (`ipc://` or `inproc://`).
-Supervision is trio's one-cancels-all: an actor that dies, even with exit code 0, raises
-`ActorDiedError` into the engine's nursery, which cancels everything else.
+Supervision is trio's one-cancels-all: an actor process that dies, even with exit code 0, raises
+`ActorDiedError` into the engine's nursery, which cancels everything else. Before raising, it
+awaits `on_death(error)`, which lets the frontend end its requests with that error first.
 
 Children never outlive us. Each reads its stdin, a pipe from us, and exits on EOF, which the
 kernel delivers however we die, SIGKILL included (STACK.md §5: PR_SET_PDEATHSIG fires when trio's
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 import trio
@@ -30,8 +32,15 @@ class ActorDiedError(RuntimeError):
     """A scheduler or worker process exited while the engine was running."""
 
 
+OnDeath = Callable[[ActorDiedError], Awaitable[None]]
+
+
 async def start_actors(
-    nursery: trio.Nursery, config: EngineConfig, eos_token_ids: frozenset[int], progress: bool
+    nursery: trio.Nursery,
+    config: EngineConfig,
+    eos_token_ids: frozenset[int],
+    progress: bool,
+    on_death: OnDeath,
 ) -> tuple[Channel, dict[str, trio.Process]]:
     """Start both actors; return the frontend's channel to the scheduler (not yet ready)
     and the child processes by role (none in inproc mode)."""
@@ -48,23 +57,29 @@ async def start_actors(
     spec: dict[str, object] = {"config": config.to_dict(), "eos_token_ids": sorted(eos_token_ids)}
     processes = {
         "scheduler": await _spawn(
-            nursery, "scheduler", spec | {"listen": [frontend_address, worker_address]}
+            nursery, "scheduler", spec | {"listen": [frontend_address, worker_address]}, on_death
         ),
         "worker": await _spawn(
-            nursery, "worker", spec | {"dial": worker_address, "progress": progress}
+            nursery, "worker", spec | {"dial": worker_address, "progress": progress}, on_death
         ),
     }
     return Channel.dial(frontend_address), processes
 
 
-async def _spawn(nursery: trio.Nursery, role: str, spec: dict[str, object]) -> trio.Process:
+async def _spawn(
+    nursery: trio.Nursery, role: str, spec: dict[str, object], on_death: OnDeath
+) -> trio.Process:
     command = [sys.executable, "-m", "runtime.actor_main", role, json.dumps(spec)]
-    process: trio.Process = await nursery.start(_supervise, role, command)
+    process: trio.Process = await nursery.start(_supervise, role, command, on_death)
     return process
 
 
 async def _supervise(
-    role: str, command: list[str], *, task_status: trio.TaskStatus[trio.Process]
+    role: str,
+    command: list[str],
+    on_death: OnDeath,
+    *,
+    task_status: trio.TaskStatus[trio.Process],
 ) -> None:
     process = await trio.run_process(
         command,
@@ -73,7 +88,9 @@ async def _supervise(
         start_new_session=True,  # a terminal's Ctrl-C reaches only us; we stop the children
         task_status=task_status,
     )
-    raise ActorDiedError(f"the {role} process exited with code {process.returncode}")
+    error = ActorDiedError(f"the {role} process exited with code {process.returncode}")
+    await on_death(error)
+    raise error
 
 
 async def _remove_on_exit(directory: str) -> None:

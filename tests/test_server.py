@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -238,6 +239,35 @@ def test_api_key_and_sigterm_drain(llama_dir: Path) -> None:
         assert proc.process.wait(timeout=30) == 0
         assert wait_until(lambda: not any(pid_alive(p) for p in children), timeout=10)
         assert "drain deadline reached: aborting 1 requests" in proc.log
+    finally:
+        proc.terminate()
+
+
+def test_a_dead_worker_is_reported_in_band_then_the_server_exits(llama_dir: Path) -> None:
+    """Fail fast, but say why: the open stream gets an error event and [DONE], the server
+    exits 1 with the cause in its log (for a process supervisor to restart it), no orphans."""
+    proc = ServerProcess(llama_dir)
+    try:
+        children = proc.child_pids()
+        roles = {Path(f"/proc/{p}/cmdline").read_text().split("\0")[3]: p for p in children}
+        worker = roles["worker"]  # python -m runtime.actor_main ROLE SPEC
+        body = {"model": "tiny", "prompt": "x", "max_tokens": 500, "ignore_eos": True}
+        events: list[str] = []
+        with httpx.stream(
+            "POST", proc.url + "/v1/completions", json=body | {"stream": True}, timeout=60
+        ) as response:
+            lines = response.iter_lines()
+            for line in lines:
+                if line.startswith("data: "):
+                    break
+            os.kill(worker, signal.SIGKILL)
+            events += [line for line in lines if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2][len("data: ") :])["error"]
+        assert error["code"] == "engine_dead" and "worker process exited" in error["message"]
+        assert proc.process.wait(timeout=30) == 1
+        assert "the worker process exited with code -9" in proc.log
+        assert wait_until(lambda: not any(pid_alive(p) for p in children), timeout=10)
     finally:
         proc.terminate()
 
