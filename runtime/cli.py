@@ -9,6 +9,8 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 
@@ -147,7 +149,7 @@ async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: t
     """Start the engine, serve until `shutdown`, drain. A signal during startup cancels it."""
     from api.server import serve
     from api.state import ServerSettings
-    from runtime.engine import open_engine
+    from runtime.engine import ACTOR_DEATH_GRACE, open_engine
     from runtime.supervisor import ActorDiedError
 
     ready = trio.Event()
@@ -156,8 +158,11 @@ async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: t
     async def stop_serving(error: ActorDiedError) -> None:
         """Drain: the failed requests send their errors, hypercorn stops; then the error
         ends the process with status 1, for a process supervisor to restart it."""
+        if not ready.is_set():
+            return  # nothing is served yet: let the error stop the startup
         logger.error("%s: shutting down", error)
         shutdown.set()
+        arm_hard_exit(ACTOR_DEATH_GRACE + HARD_EXIT_GRACE, status=1)
         await server_stopped.wait()
 
     async with trio.open_nursery() as nursery:
@@ -173,7 +178,8 @@ async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: t
                 api_key=args.api_key,
                 max_open_requests=args.max_open_requests,
             )
-            async with trio.open_nursery() as server:
+            # server_stopped is set once the server nursery has exited, however it exits
+            async with _set_on_exit(server_stopped), trio.open_nursery() as server:
                 binds = await server.start(
                     partial(
                         serve,
@@ -189,7 +195,6 @@ async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: t
                 gc.collect()
                 gc.freeze()  # tokenizer, app, engine: long-lived, out of every later GC pass
                 logger.info("serving %s at %s (OpenAI API under %s/v1)", name, binds[0], binds[0])
-            server_stopped.set()
         nursery.cancel_scope.cancel()
 
 
@@ -218,15 +223,29 @@ async def watch_signals(shutdown: trio.Event, drain_timeout: float) -> None:
                 os._exit(1)  # children see their stdin close and exit too
             logger.info("%s: shutting down", signal.Signals(signum).name)
             shutdown.set()
-            timer = threading.Timer(drain_timeout + HARD_EXIT_GRACE, _hard_exit)
-            timer.daemon = True
-            timer.start()
+            arm_hard_exit(drain_timeout + HARD_EXIT_GRACE, status=0)
 
 
-def _hard_exit() -> None:
+def arm_hard_exit(seconds: float, status: int) -> None:
+    """Exit after `seconds` even if hypercorn is stuck in a shielded send to a client that
+    stopped reading (STACK.md §1.4), which no cancellation can interrupt."""
+    timer = threading.Timer(seconds, _hard_exit, args=(status,))
+    timer.daemon = True
+    timer.start()
+
+
+def _hard_exit(status: int) -> None:
     logger.warning("shutdown is stuck (a client stopped reading?): exiting anyway")
     logging.shutdown()
-    os._exit(0)
+    os._exit(status)
+
+
+@asynccontextmanager
+async def _set_on_exit(event: trio.Event) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        event.set()
 
 
 if __name__ == "__main__":

@@ -249,6 +249,8 @@ class Engine(EngineClient):
             await answered.wait()
         finally:
             del self._pongs[nonce]
+        if self._dead is not None:  # woken by _fail_all, not by a Pong
+            raise EngineDeadError("the engine is not running") from self._dead
 
     async def _send_loop(self) -> None:
         while True:
@@ -300,6 +302,8 @@ class Engine(EngineClient):
         self._dead = self._dead or error  # the first cause is the one to report
         for stream in self._streams.values():
             stream.fail(EngineDeadError(str(error)))
+        for answered in self._pongs.values():  # health checks waiting on a ping
+            answered.set()
 
 
 @asynccontextmanager

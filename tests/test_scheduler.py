@@ -4,7 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.block_manager import block_digest
+from runtime.block_manager import BlockManager
+from runtime.sampling_params import SamplingParams
+from runtime.sequence import Sequence
 from tests.core_harness import EOS, CoreHarness
 
 
@@ -51,15 +53,22 @@ def test_shared_prefix_hits_the_cache_and_verifies_tokens(depth: int) -> None:
 
 
 def test_a_block_is_reused_only_under_the_same_whole_prefix() -> None:
-    h = CoreHarness(block_size=4)
-    h.add("first", [1, 2, 3, 4, 5, 6, 7, 8, 9], max_tokens=1)
-    h.run_until_idle()
-    h.add("second", [0, 2, 3, 4, 5, 6, 7, 8, 9], max_tokens=1)  # same second block only
-    h.run_until_idle()
-    assert h.outputs["second"][0].num_cached_tokens == 0
-    first_block = block_digest(None, (1, 2, 3, 4))
-    assert block_digest(first_block, (5, 6, 7, 8)) != block_digest(None, (5, 6, 7, 8))
-    assert block_digest(first_block, (5, 6, 7, 8)) == block_digest(first_block, (5, 6, 7, 8))
+    """B's second block holds the same tokens as A's but follows another first block: its
+    KV differs, so C (A's prompt again) must get A's blocks, never B's."""
+    bm = BlockManager(num_blocks=8, block_size=2)
+    params = SamplingParams(max_tokens=1)
+
+    def computed(seq_id: int, tokens: list[int]) -> Sequence:
+        seq = Sequence(seq_id, str(seq_id), tokens, params)
+        bm.allocate(seq, bm.blocks_needed(seq, len(tokens)))
+        bm.cache_full_blocks(seq, 0, len(tokens))
+        seq.num_computed_tokens = len(tokens)
+        return seq
+
+    a = computed(0, [1, 2, 3, 4, 9])
+    b = computed(1, [5, 6, 3, 4, 9])
+    assert bm.match_prefix(Sequence(2, "c", [1, 2, 3, 4, 9], params)) == a.block_table[:2]
+    assert bm.match_prefix(Sequence(3, "d", [5, 6, 3, 4, 9], params)) == b.block_table[:2]
 
 
 def test_cache_never_covers_the_last_token() -> None:
