@@ -1,13 +1,17 @@
 """Entry point of an actor's child process: `python -m runtime.actor_main ROLE SPEC_JSON`.
 
 The parent passes everything in argv (never through fork), and holds our stdin open: when it
-reads EOF, the parent is gone, and we exit at once.
+reads EOF, the parent is gone (or wants us gone), and we exit at once. That is the only way we
+stop: SIGTERM and SIGINT are ignored, so that a signal sent to the whole service (systemd's
+default KillMode=control-group) lets the parent drain its requests instead of killing us under
+them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 
@@ -29,6 +33,8 @@ def exit_when_parent_dies() -> None:
 
 def main() -> None:
     role, spec = sys.argv[1], json.loads(sys.argv[2])
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # trio.run leaves an ignored SIGINT alone
     exit_when_parent_dies()
     config = EngineConfig.from_dict(spec["config"])
     if role == "scheduler":

@@ -7,7 +7,8 @@ awaits `on_death(error)`, which lets the frontend end its requests with that err
 
 Children never outlive us. Each reads its stdin, a pipe from us, and exits on EOF, which the
 kernel delivers however we die, SIGKILL included (STACK.md §5: PR_SET_PDEATHSIG fires when trio's
-spawning *thread* exits, so it cannot be used). Cancellation sends SIGTERM, then SIGKILL.
+spawning *thread* exits, so it cannot be used). Cancellation closes that pipe, then SIGKILLs a
+child still there after STOP_GRACE seconds; children ignore SIGTERM (see actor_main).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class ActorDiedError(RuntimeError):
 
 
 OnDeath = Callable[[ActorDiedError], Awaitable[None]]
+
+STOP_GRACE = 5.0
 
 
 async def start_actors(
@@ -86,11 +89,20 @@ async def _supervise(
         stdin=subprocess.PIPE,  # never written: its EOF tells the child we are gone
         check=False,
         start_new_session=True,  # a terminal's Ctrl-C reaches only us; we stop the children
+        deliver_cancel=_stop,
         task_status=task_status,
     )
     error = ActorDiedError(f"the {role} process exited with code {process.returncode}")
     await on_death(error)
     raise error
+
+
+async def _stop(process: trio.Process) -> None:
+    """How cancellation stops a child (shielded by trio): EOF on its stdin, then SIGKILL."""
+    if process.stdin is not None:
+        await process.stdin.aclose()
+    await trio.sleep(STOP_GRACE)  # cancelled by trio as soon as the child has exited
+    process.kill()
 
 
 async def _remove_on_exit(directory: str) -> None:

@@ -243,6 +243,33 @@ def test_api_key_and_sigterm_drain(llama_dir: Path) -> None:
         proc.terminate()
 
 
+def test_sigterm_to_every_process_still_drains(llama_dir: Path) -> None:
+    """systemd (KillMode=control-group) signals the actors too: they ignore it, the server
+    drains its requests to the end and exits 0, and they exit with it."""
+    proc = ServerProcess(llama_dir, "--drain-timeout", "30")
+    try:
+        children = proc.child_pids()
+        body = {"model": "tiny", "prompt": "x", "max_tokens": 64, "ignore_eos": True}
+        events: list[str] = []
+        with httpx.stream(
+            "POST", proc.url + "/v1/completions", json=body | {"stream": True}, timeout=60
+        ) as response:
+            lines = response.iter_lines()
+            for line in lines:
+                if line.startswith("data: "):
+                    break
+            for pid in [proc.process.pid, *children]:
+                os.kill(pid, signal.SIGTERM)
+            events += [line for line in lines if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        final = json.loads(events[-2][len("data: ") :])
+        assert final["choices"][0]["finish_reason"] == "length"
+        assert proc.process.wait(timeout=30) == 0
+        assert wait_until(lambda: not any(pid_alive(p) for p in children), timeout=10)
+    finally:
+        proc.terminate()
+
+
 def test_a_dead_worker_is_reported_in_band_then_the_server_exits(llama_dir: Path) -> None:
     """Fail fast, but say why: the open stream gets an error event and [DONE], the server
     exits 1 with the cause in its log (for a process supervisor to restart it), no orphans."""
