@@ -7,7 +7,7 @@ import os
 import re
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -243,27 +243,35 @@ def test_api_key_and_sigterm_drain(llama_dir: Path) -> None:
         proc.terminate()
 
 
+def last_events_after_first_chunk(
+    proc: ServerProcess, max_tokens: int, act: Callable[[], None]
+) -> list[str]:
+    """Stream a completion, call `act` once the first chunk arrives, and return the payloads
+    of every SSE event that follows it (the last is "[DONE]" when the stream ends cleanly)."""
+    body = {"model": "tiny", "prompt": "x", "max_tokens": max_tokens, "ignore_eos": True}
+    with httpx.stream(
+        "POST", proc.url + "/v1/completions", json=body | {"stream": True}, timeout=60
+    ) as response:
+        lines = response.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+        act()
+        return [line[len("data: ") :] for line in lines if line.startswith("data: ")]
+
+
 def test_sigterm_to_every_process_still_drains(llama_dir: Path) -> None:
     """systemd (KillMode=control-group) signals the actors too: they ignore it, the server
     drains its requests to the end and exits 0, and they exit with it."""
     proc = ServerProcess(llama_dir, "--drain-timeout", "30")
     try:
         children = proc.child_pids()
-        body = {"model": "tiny", "prompt": "x", "max_tokens": 64, "ignore_eos": True}
-        events: list[str] = []
-        with httpx.stream(
-            "POST", proc.url + "/v1/completions", json=body | {"stream": True}, timeout=60
-        ) as response:
-            lines = response.iter_lines()
-            for line in lines:
-                if line.startswith("data: "):
-                    break
+
+        def signal_every_process() -> None:
             for pid in [proc.process.pid, *children]:
                 os.kill(pid, signal.SIGTERM)
-            events += [line for line in lines if line.startswith("data: ")]
-        assert events[-1] == "data: [DONE]"
-        final = json.loads(events[-2][len("data: ") :])
-        assert final["choices"][0]["finish_reason"] == "length"
+
+        last = last_events_after_first_chunk(proc, 64, signal_every_process)
+        assert last[-1] == "[DONE]"
+        assert json.loads(last[-2])["choices"][0]["finish_reason"] == "length"
         assert proc.process.wait(timeout=30) == 0
         assert wait_until(lambda: not any(pid_alive(p) for p in children), timeout=10)
     finally:
@@ -278,19 +286,9 @@ def test_a_dead_worker_is_reported_in_band_then_the_server_exits(llama_dir: Path
         children = proc.child_pids()
         roles = {Path(f"/proc/{p}/cmdline").read_text().split("\0")[3]: p for p in children}
         worker = roles["worker"]  # python -m runtime.actor_main ROLE SPEC
-        body = {"model": "tiny", "prompt": "x", "max_tokens": 500, "ignore_eos": True}
-        events: list[str] = []
-        with httpx.stream(
-            "POST", proc.url + "/v1/completions", json=body | {"stream": True}, timeout=60
-        ) as response:
-            lines = response.iter_lines()
-            for line in lines:
-                if line.startswith("data: "):
-                    break
-            os.kill(worker, signal.SIGKILL)
-            events += [line for line in lines if line.startswith("data: ")]
-        assert events[-1] == "data: [DONE]"
-        error = json.loads(events[-2][len("data: ") :])["error"]
+        last = last_events_after_first_chunk(proc, 500, lambda: os.kill(worker, signal.SIGKILL))
+        assert last[-1] == "[DONE]"
+        error = json.loads(last[-2])["error"]
         assert error["code"] == "engine_dead" and "worker process exited" in error["message"]
         assert proc.process.wait(timeout=30) == 1
         assert "the worker process exited with code -9" in proc.log
