@@ -16,8 +16,7 @@ from api import native_api, openai_api
 from api.errors import APIError, engine_stopped
 from api.schemas import DetokenizeRequest, TokenizeRequest
 from api.state import ServerSettings, ServerState
-from runtime.protocol import EngineClient
-from runtime.request_stream import EngineDeadError
+from runtime.engine_client import EngineClient, EngineDeadError
 
 # Paths anyone may read without the API key: probes and scrapers rarely carry one.
 _PUBLIC = frozenset({"/health", "/metrics"})
@@ -77,11 +76,8 @@ def _register_basics(app: QuartTrio, state: ServerState) -> None:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        stats = state.engine.statistics()
-        with trio.move_on_after(1.0):  # fresher figures if the actors answer quickly
-            stats = await state.engine.fetch_statistics()
         return Response(
-            state.metrics.render(stats),
+            state.metrics.render(),
             200,
             {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
         )
@@ -93,7 +89,7 @@ def _register_basics(app: QuartTrio, state: ServerState) -> None:
         param, text, special = "prompt", req.prompt or "", req.add_special_tokens
         if req.messages is not None:
             param, special = "messages", False
-            text = openai_api.render_chat_text(state, [m.as_dict() for m in req.messages])
+            text = state.chat_text([m.as_dict() for m in req.messages])
         try:
             tokens = state.engine.tokenize(text, add_special_tokens=special)
         except ValueError as exc:

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from runtime.request_stream import EngineDeadError
+from runtime.engine_client import EngineDeadError
 
 _TYPES = {
     400: "invalid_request_error",

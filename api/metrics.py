@@ -1,4 +1,4 @@
-"""Prometheus metrics: engine gauges and counters read at scrape time, latency histograms
+"""Prometheus metrics: the engine's latest statistics read at scrape time, latency histograms
 observed by the request handlers."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from runtime.protocol import EngineStats
+from runtime.engine_client import EngineClient, EngineStats
 
 # Seconds: from a loaded CPU (tens of ms per step) up to long generations.
 _LATENCY_BUCKETS = (
@@ -38,48 +38,44 @@ _LATENCY_BUCKETS = (
 
 
 class _EngineCollector(Collector):
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
+    def __init__(self, engine: EngineClient) -> None:
+        self._engine = engine
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._metrics.stats
-        if stats is None:
-            return
-        yield GaugeMetricFamily(
-            "runtime:num_requests_running",
-            "Sequences in the running batch.",
-            stats.num_requests_running,
-        )
-        yield GaugeMetricFamily(
-            "runtime:num_requests_waiting",
-            "Sequences waiting to be scheduled.",
-            stats.num_requests_waiting,
-        )
-        yield GaugeMetricFamily(
-            "runtime:kv_cache_usage_perc",
-            "Fraction of KV cache blocks in use (0 to 1).",
-            stats.kv_cache_usage,
-        )
-        yield CounterMetricFamily(
-            "runtime:prompt_tokens", "Prompt tokens submitted.", stats.prompt_tokens_total
-        )
-        yield CounterMetricFamily(
-            "runtime:generation_tokens", "Tokens generated.", stats.generation_tokens_total
-        )
-        yield CounterMetricFamily(
-            "runtime:num_preemptions", "Sequences preempted.", stats.scheduler.num_preemptions
-        )
-        yield CounterMetricFamily(
-            "runtime:prefix_cache_hit_tokens",
-            "Prompt tokens served from the prefix cache.",
-            stats.scheduler.num_cached_tokens,
-        )
+        stats = self._engine.statistics()  # the latest snapshot: a scrape never waits
+        s = stats.scheduler
+        gauge, counter = GaugeMetricFamily, CounterMetricFamily
+        for family, name, documentation, value in (
+            (gauge, "num_requests_running", "Sequences in the running batch.", s.num_running),
+            (gauge, "num_requests_waiting", "Sequences waiting to be scheduled.", s.num_waiting),
+            (
+                gauge,
+                "kv_cache_usage_perc",
+                "Fraction of KV cache blocks in use (0 to 1).",
+                stats.kv_cache_usage,
+            ),
+            (
+                counter,
+                "prompt_tokens",
+                "Prompt tokens submitted.",
+                stats.frontend.prompt_tokens_total,
+            ),
+            (counter, "generation_tokens", "Tokens generated.", s.num_generated_tokens),
+            (counter, "num_preemptions", "Sequences preempted.", s.num_preemptions),
+            (
+                counter,
+                "prefix_cache_hit_tokens",
+                "Prompt tokens served from the prefix cache.",
+                s.num_cached_tokens,
+            ),
+        ):
+            yield family(f"runtime:{name}", documentation, value)
         yield from _time_split(stats)
 
 
 def _time_split(stats: EngineStats) -> Iterator[Metric]:
     """Where engine time goes, for benchmarks: divide by runtime:engine_steps_total."""
-    s = stats.scheduler
+    s, w, f = stats.scheduler, stats.worker, stats.frontend
     yield CounterMetricFamily("runtime:engine_steps", "Engine steps run.", s.num_steps)
     phases = CounterMetricFamily(
         "runtime:step_phase_seconds",
@@ -89,22 +85,21 @@ def _time_split(stats: EngineStats) -> Iterator[Metric]:
     for phase, seconds in (
         ("schedule", s.schedule_seconds),
         ("update", s.update_seconds),
-        ("prepare", s.prepare_seconds),
-        ("forward", s.forward_seconds),
-        ("sample", s.sample_seconds),
-        ("worker_idle", s.worker_idle_seconds),
+        ("prepare", w.prepare_seconds),
+        ("forward", w.forward_seconds),
+        ("sample", w.sample_seconds),
+        ("worker_idle", w.idle_seconds),
         ("scheduler_wait", s.wait_seconds),
-        ("dispatch", stats.dispatch_seconds),
-        ("detokenize", stats.detokenize_seconds),
+        ("dispatch", f.dispatch_seconds),
+        ("detokenize", f.detokenize_seconds),
     ):
         phases.add_metric([phase], seconds)
     yield phases
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, engine: EngineClient) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.stats: EngineStats | None = None
         self.ttft = Histogram(
             "runtime:time_to_first_token_seconds",
             "Time from request arrival to its first token.",
@@ -123,10 +118,9 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(_EngineCollector(self))
+        self.registry.register(_EngineCollector(engine))
 
-    def render(self, stats: EngineStats) -> bytes:
-        self.stats = stats
+    def render(self) -> bytes:
         return generate_latest(self.registry)
 
     def timer(self) -> RequestTimer:

@@ -3,48 +3,45 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from quart import Quart, Response, jsonify
+from quart import Response, jsonify
+from quart_trio import QuartTrio
 
-from api.openai_api import start
 from api.schemas import GenerateRequest
 from api.state import ServerState
 from api.streaming import (
     SSE_DONE,
     Collected,
+    Merged,
     collect_all,
     error_event,
     merged,
     sse_event,
     sse_response,
 )
-from runtime.request_stream import RequestOutput
 
 
-def register(app: Quart, state: ServerState) -> None:
+def register(app: QuartTrio, state: ServerState) -> None:
     @app.post("/generate")
     async def generate() -> Response:
         req = await state.parse(GenerateRequest)
         state.admit()
         rid = req.rid or uuid.uuid4().hex
-        prompt = req.text if req.text is not None else req.input_ids
-        streams = start(state, [prompt], req.sampling_params.sampling_params(), [rid])
+        streams = state.start([req.prompt()], req.params(), [rid])
         if req.stream:
-            return await sse_response(events(state, app, streams, rid))
+            return await sse_response(events(merged(streams, state.metrics, app.nursery), rid))
         (result,) = await collect_all(streams, state.metrics)
         return jsonify(body(rid, result))
 
 
-async def events(
-    state: ServerState, app: Any, streams: list[AsyncGenerator[RequestOutput, None]], rid: str
-) -> AsyncIterator[bytes]:
+async def events(outputs: Merged, rid: str) -> AsyncIterator[bytes]:
     """Like SGLang: each event carries the whole text and ids so far."""
     result = Collected()
     try:
-        async with aclosing(merged(streams, state.metrics, app.nursery)) as outputs:
+        async with aclosing(outputs):
             async for _, out in outputs:
                 result.add(out)
                 yield sse_event(body(rid, result))

@@ -10,19 +10,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.errors import APIError, unsupported
-from runtime.sampling_params import SamplingParams
+from runtime.engine_client import SamplingParams
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 Seed = Annotated[int, Field(ge=-(2**63), lt=2**64)]  # what the sampler's 64-bit hash takes
-
-
-def build_sampling_params(**fields: Any) -> SamplingParams:
-    """SamplingParams' own checks (combinations the schema cannot see) as a 400 too."""
-    try:
-        return SamplingParams(**fields)
-    except ValueError as exc:
-        raise APIError(400, str(exc), code="invalid_value") from None
 
 
 class Strict(BaseModel):
@@ -40,8 +32,8 @@ class StreamOptions(Strict):
         return self
 
 
-class Sampling(Strict):
-    """The sampling fields shared by completions and chat completions."""
+class SamplingFields(Strict):
+    """How to sample, as OpenAI's, vLLM's and SGLang's APIs all spell it; null means default."""
 
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
@@ -51,6 +43,32 @@ class Sampling(Strict):
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     seed: Seed | None = None
     ignore_eos: bool = False
+
+    def sampling_params(self, max_tokens: int | None) -> SamplingParams:
+        """The request's SamplingParams: built here, once, and passed through the engine.
+
+        Its own checks (combinations the schema cannot see) are 400s too.
+        """
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens,
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=self.top_k or 0,
+                min_p=self.min_p or 0.0,
+                seed=self.seed,
+                ignore_eos=self.ignore_eos,
+                stop_token_ids=tuple(self.stop_token_ids or ()),
+                stop=tuple(stop),
+            )
+        except ValueError as exc:
+            raise APIError(400, str(exc), code="invalid_value") from None
+
+
+class Sampling(SamplingFields):
+    """The fields shared by completions and chat completions."""
+
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -83,20 +101,6 @@ class Sampling(Strict):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
-
-    def sampling_params(self, max_tokens: int | None) -> SamplingParams:
-        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        return build_sampling_params(
-            max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k or 0,
-            min_p=self.min_p or 0.0,
-            seed=self.seed,
-            ignore_eos=self.ignore_eos,
-            stop_token_ids=tuple(self.stop_token_ids or ()),
-            stop=tuple(stop),
-        )
 
 
 class CompletionRequest(Sampling):
@@ -182,32 +186,11 @@ class ChatCompletionRequest(Sampling):
         return self.max_completion_tokens or self.max_tokens
 
 
-class NativeSamplingParams(Strict):
+class NativeSamplingParams(SamplingFields):
     """SGLang's `sampling_params` object."""
 
     max_new_tokens: Annotated[int, Field(ge=1)] | None = 128
-    temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    top_k: Annotated[int, Field(ge=-1)] = -1
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
-    stop: NonEmptyStr | list[NonEmptyStr] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
-    ignore_eos: bool = False
-    seed: Seed | None = None
-
-    def sampling_params(self) -> SamplingParams:
-        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        return build_sampling_params(
-            max_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            seed=self.seed,
-            ignore_eos=self.ignore_eos,
-            stop_token_ids=tuple(self.stop_token_ids or ()),
-            stop=tuple(stop),
-        )
+    temperature: Annotated[float, Field(ge=0.0, le=100.0)] | None = None  # SGLang allows more
 
 
 class GenerateRequest(Strict):
@@ -224,6 +207,12 @@ class GenerateRequest(Strict):
         if (self.text is None) == (self.input_ids is None):
             raise unsupported("text", "give exactly one of text or input_ids")
         return self
+
+    def prompt(self) -> str | list[int]:
+        return self.text if self.text is not None else list(self.input_ids or ())
+
+    def params(self) -> SamplingParams:
+        return self.sampling_params.sampling_params(self.sampling_params.max_new_tokens)
 
 
 class TokenizeRequest(Strict):

@@ -20,7 +20,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from api.app import create_app, server_state
 from api.state import ServerSettings
-from runtime.protocol import EngineClient
+from runtime.engine_client import EngineClient
 
 logger = logging.getLogger("runtime.server")
 
@@ -68,14 +68,15 @@ async def drain(engine: EngineClient, seconds: float) -> None:
     """Wait for open requests to finish; abort those still open after `seconds`."""
     logger.info(
         "draining: %d requests in flight, %.0f s to finish",
-        engine.statistics().num_requests_open,
+        engine.statistics().frontend.num_requests_open,
         seconds,
     )
     with trio.move_on_after(seconds):
         await engine.wait_no_requests()
         return
     logger.warning(
-        "drain deadline reached: aborting %d requests", engine.statistics().num_requests_open
+        "drain deadline reached: aborting %d requests",
+        engine.statistics().frontend.num_requests_open,
     )
     engine.abort_all()
     with trio.move_on_after(5.0):  # aborted streams end at once, unless their client is stuck

@@ -1,8 +1,10 @@
-"""What every handler shares: the engine client, the settings, metrics, and body parsing."""
+"""What every handler shares: the engine client, the settings, metrics, body parsing, and
+starting requests (prompts validated, chats rendered)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -11,7 +13,7 @@ from quart import request
 
 from api.errors import APIError, from_validation_error
 from api.metrics import Metrics
-from runtime.protocol import EngineClient
+from runtime.engine_client import EngineClient, RequestOutput, SamplingParams
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -37,8 +39,11 @@ class ServerSettings:
 class ServerState:
     engine: EngineClient
     settings: ServerSettings
-    metrics: Metrics = field(default_factory=Metrics)
+    metrics: Metrics = field(init=False)
     draining: bool = False
+
+    def __post_init__(self) -> None:
+        self.metrics = Metrics(self.engine)
 
     async def parse(self, model: type[Model]) -> Model:
         """The request's JSON body as `model`, or an APIError(400) naming what is wrong."""
@@ -64,5 +69,32 @@ class ServerState:
         """Refuse new work while draining or over capacity (503: clients should retry)."""
         if self.draining:
             raise APIError(503, "the server is shutting down", code="shutting_down")
-        if self.engine.statistics().num_requests_open >= self.settings.max_open_requests:
+        if self.engine.statistics().frontend.num_requests_open >= self.settings.max_open_requests:
             raise APIError(503, "the server is overloaded; retry later", code="overloaded")
+
+    def start(
+        self, prompts: Sequence[str | list[int]], params: SamplingParams, rids: list[str]
+    ) -> list[AsyncGenerator[RequestOutput, None]]:
+        """Validate every prompt before any is queued; a bad one is a 400 for the whole request."""
+        try:
+            return [
+                self.engine.generate(prompt, params, rid=rid)
+                for prompt, rid in zip(prompts, rids, strict=True)
+            ]
+        except ValueError as exc:
+            code = "context_length_exceeded" if "context" in str(exc) else "invalid_value"
+            raise APIError(400, str(exc), code=code) from None
+
+    def chat_text(self, conversation: list[dict[str, str]]) -> str:
+        try:
+            return self.engine.apply_chat_template(conversation)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="messages") from None
+
+    def chat_prompt(self, conversation: list[dict[str, str]]) -> list[int]:
+        # the template already holds whatever special tokens (BOS...) the model wants
+        text = self.chat_text(conversation)
+        try:
+            return self.engine.tokenize(text, add_special_tokens=False)
+        except ValueError as exc:  # e.g. a lone surrogate, which JSON can carry
+            raise APIError(400, str(exc), param="messages") from None

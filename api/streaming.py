@@ -19,9 +19,11 @@ from quart import Response, make_response
 
 from api.errors import APIError, engine_stopped
 from api.metrics import Metrics
-from runtime.request_stream import EngineDeadError, RequestOutput
+from runtime.engine_client import EngineDeadError, RequestOutput
 
 SSE_DONE = b"data: [DONE]\n\n"
+
+Merged = AsyncGenerator[tuple[int, "RequestOutput"], None]  # (choice index, output): `merged`
 
 
 def sse_event(payload: dict[str, Any]) -> bytes:
@@ -89,6 +91,18 @@ class Collected:
         self.num_cached_tokens = out.num_cached_tokens
 
 
+async def timed(
+    stream: AsyncGenerator[RequestOutput, None], metrics: Metrics
+) -> AsyncGenerator[RequestOutput, None]:
+    """The request's outputs, observed by the latency metrics as they pass."""
+    timer = metrics.timer()
+    async with aclosing(stream) as outputs:
+        async for out in outputs:
+            timer.tokens(len(out.token_ids))
+            yield out
+    timer.finish()
+
+
 async def collect_all(
     streams: list[AsyncGenerator[RequestOutput, None]], metrics: Metrics
 ) -> list[Collected]:
@@ -96,12 +110,9 @@ async def collect_all(
     results = [Collected() for _ in streams]
 
     async def run(i: int) -> None:
-        timer = metrics.timer()
-        async with aclosing(streams[i]) as outputs:
+        async with aclosing(timed(streams[i], metrics)) as outputs:
             async for out in outputs:
-                timer.tokens(len(out.token_ids))
                 results[i].add(out)
-        timer.finish()
 
     async with trio.open_nursery() as nursery:
         for i in range(len(streams)):
@@ -118,17 +129,14 @@ async def merged(
     inside a nursery of its own); closing this generator cancels them, which aborts them.
     """
     if len(streams) == 1:
-        timer = metrics.timer()
-        async with aclosing(streams[0]) as outputs:
+        async with aclosing(timed(streams[0], metrics)) as outputs:
             async for out in outputs:
-                timer.tokens(len(out.token_ids))
                 yield 0, out
-        timer.finish()
         return
     send, receive = trio.open_memory_channel[tuple[int, RequestOutput | Exception]](math.inf)
     scopes = [trio.CancelScope() for _ in streams]
     for i, stream in enumerate(streams):
-        nursery.start_soon(_produce, i, stream, send.clone(), scopes[i], metrics)
+        nursery.start_soon(_produce, i, timed(stream, metrics), send.clone(), scopes[i])
     send.close()
     try:
         async with receive:
@@ -146,19 +154,14 @@ async def _produce(
     stream: AsyncGenerator[RequestOutput, None],
     send: trio.MemorySendChannel[tuple[int, RequestOutput | Exception]],
     scope: trio.CancelScope,
-    metrics: Metrics,
 ) -> None:
-    timer = metrics.timer()
     with scope, contextlib.suppress(trio.BrokenResourceError):  # the consumer left: we stop
         async with send, aclosing(stream) as outputs:
             try:
                 async for out in outputs:
-                    timer.tokens(len(out.token_ids))
                     send.send_nowait((i, out))  # unbounded, but never more than max_tokens
             except Exception as exc:  # hand it to the consumer: the app nursery must not die
                 send.send_nowait((i, exc))
-                return
-    timer.finish()
 
 
 def error_event(exc: Exception) -> bytes:

@@ -72,15 +72,15 @@ def serve_run(
 ) -> dict[str, Any]:
     """One load-generator run against `server`, with its CPU time and (ours) phase split."""
     workload = Workload(
-        server.url,
-        "tiny",
-        args.input_len,
-        args.output_len,
-        prompts or prompts_for(args, concurrency),
-        concurrency,
-        None,
-        0,
-        args.vocab_size,
+        url=server.url,
+        model="tiny",
+        input_len=args.input_len,
+        output_len=args.output_len,
+        num_prompts=prompts or prompts_for(args, concurrency),
+        concurrency=concurrency,
+        request_rate=None,
+        warmup=0,
+        vocab_size=args.vocab_size,
         seed=seed,
     )
     phases_before = scrape_phases(server.url) if server.name == "ours" else {}

@@ -21,8 +21,8 @@ import trio
 
 from runtime.builtin_model import builtin_model_dir
 from runtime.config import EngineConfig
-from runtime.engine import Engine, open_engine
-from runtime.messages import SchedulerStats
+from runtime.engine_client import EngineStats
+from runtime.frontend.engine import Engine, open_engine
 from runtime.sampling_params import SamplingParams
 
 
@@ -47,38 +47,48 @@ async def run_batch(engine: Engine, batch: int, prompt_len: int, output_len: int
             nursery.start_soon(request, prompt)
     elapsed = time.perf_counter() - window["start"]  # type: ignore[operator]
     end = await engine.fetch_statistics()
-    return summarize(batch, elapsed, window["stats"].scheduler, end.scheduler)  # type: ignore[attr-defined]
+    return summarize(batch, elapsed, window["stats"], end)  # type: ignore[arg-type]
 
 
-def summarize(batch: int, elapsed: float, a: SchedulerStats, b: SchedulerStats) -> dict:
-    steps = max(1, b.num_steps - a.num_steps)
-    tokens = b.num_generated_tokens - a.num_generated_tokens
+def summarize(batch: int, elapsed: float, a: EngineStats, b: EngineStats) -> dict:
+    steps = max(1, b.scheduler.num_steps - a.scheduler.num_steps)
+    tokens = b.scheduler.num_generated_tokens - a.scheduler.num_generated_tokens
 
-    def per_step(name: str) -> float:
-        return 1000 * (getattr(b, name) - getattr(a, name)) / steps
+    def per_step(actor: str, name: str) -> float:
+        after, before = getattr(getattr(b, actor), name), getattr(getattr(a, actor), name)
+        return 1000 * (after - before) / steps
 
     return {
         "batch": batch,
         "tokens_per_s": tokens / elapsed,
         "step_ms": 1000 * elapsed / steps,
-        "schedule": per_step("schedule_seconds") + per_step("update_seconds"),
-        "prepare": per_step("prepare_seconds"),
-        "forward": per_step("forward_seconds"),
-        "sample": per_step("sample_seconds"),
-        "worker_idle": per_step("worker_idle_seconds"),
+        "schedule": per_step("scheduler", "schedule_seconds")
+        + per_step("scheduler", "update_seconds"),
+        "prepare": per_step("worker", "prepare_seconds"),
+        "forward": per_step("worker", "forward_seconds"),
+        "sample": per_step("worker", "sample_seconds"),
+        "worker_idle": per_step("worker", "idle_seconds"),
     }
 
 
 async def main_async(args: argparse.Namespace) -> None:
     model = args.model or str(builtin_model_dir())
     config = EngineConfig(
-        model=model, mode=args.mode, max_num_seqs=max(args.batch), num_threads=args.threads
+        model=model,
+        mode=args.mode,
+        max_num_seqs=max(args.batch),
+        dtype=args.dtype,
+        num_threads=args.threads,
+        max_steps_in_flight=args.steps_in_flight,
     )
     async with open_engine(config) as engine:
         await run_batch(engine, 4, args.prompt_len, 16)  # warm-up: first-call costs
+        ran = engine.ready  # what the actors report they run, not what we asked for
+        assert ran is not None
         print(
-            f"model={model} mode={args.mode} dtype={args.dtype} threads={args.threads} "
-            f"in_flight={args.steps_in_flight} prompt_len={args.prompt_len} "
+            f"model={model} mode={args.mode} dtype={ran.worker.dtype} "
+            f"threads={ran.worker.num_threads} in_flight={ran.max_steps_in_flight} "
+            f"kv_blocks={ran.worker.num_kv_blocks} prompt_len={args.prompt_len} "
             f"output_len={args.output_len}"
         )
         print(
@@ -102,8 +112,10 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--threads", type=int, default=0, help="torch threads in the worker")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    parser.add_argument("--steps-in-flight", type=int, default=2)
+    parser.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
+    )
+    parser.add_argument("--steps-in-flight", type=int, default=2, choices=[1, 2])
     trio.run(main_async, parser.parse_args())
 
 

@@ -35,7 +35,7 @@ class RequestRecord:
     error: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Workload:
     url: str
     model: str
@@ -210,17 +210,17 @@ def main() -> None:
     if args.concurrency is None and args.request_rate is None:
         args.concurrency = 8
     workload = Workload(
-        args.url,
-        args.model,
-        args.input_len,
-        args.output_len,
-        args.num_prompts,
-        args.concurrency,
-        args.request_rate,
-        args.warmup,
-        args.vocab_size,
-        args.seed,
-        args.api_key,
+        url=args.url,
+        model=args.model,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        num_prompts=args.num_prompts,
+        concurrency=args.concurrency,
+        request_rate=args.request_rate,
+        warmup=args.warmup,
+        vocab_size=args.vocab_size,
+        seed=args.seed,
+        api_key=args.api_key,
     )
     summary = trio.run(benchmark, workload)
     print_summary(summary)

@@ -9,17 +9,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runtime.config import EngineConfig
-    from runtime.engine import Engine, open_engine
-    from runtime.request_stream import RequestOutput
+    from runtime.engine_client import RequestOutput
+    from runtime.frontend.engine import Engine, open_engine
     from runtime.sampling_params import SamplingParams
 
 __all__ = ["Engine", "EngineConfig", "RequestOutput", "SamplingParams", "open_engine"]
 
 _WHERE = {
-    "Engine": "runtime.engine",
-    "open_engine": "runtime.engine",
+    "Engine": "runtime.frontend.engine",
+    "open_engine": "runtime.frontend.engine",
     "EngineConfig": "runtime.config",
-    "RequestOutput": "runtime.request_stream",
+    "RequestOutput": "runtime.engine_client",
     "SamplingParams": "runtime.sampling_params",
 }
 

@@ -38,17 +38,15 @@ def main() -> None:
     exit_when_parent_dies()
     config = EngineConfig.from_dict(spec["config"])
     if role == "scheduler":
-        from runtime.scheduler_actor import SchedulerActor
+        from runtime.scheduler.actor import SchedulerActor
 
+        actor = SchedulerActor(config, frozenset(spec["eos_token_ids"]))
         frontend_address, worker_address = spec["listen"]
-        actor = SchedulerActor(
-            config, frozenset(spec["eos_token_ids"]), frontend_address, worker_address
-        )
-        trio.run(actor.run)
+        trio.run(actor.serve, frontend_address, worker_address)
     elif role == "worker":
-        from runtime.worker import WorkerActor
+        from runtime.worker.actor import WorkerActor
 
-        trio.run(WorkerActor(config, spec["dial"], spec["progress"]).run)
+        trio.run(WorkerActor(config, spec["progress"]).serve, spec["dial"])
     else:
         raise SystemExit(f"unknown actor role {role!r}")
 

@@ -149,7 +149,7 @@ async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: t
     """Start the engine, serve until `shutdown`, drain. A signal during startup cancels it."""
     from api.server import serve
     from api.state import ServerSettings
-    from runtime.engine import ACTOR_DEATH_GRACE, open_engine
+    from runtime.frontend.engine import ACTOR_DEATH_GRACE, open_engine
     from runtime.supervisor import ActorDiedError
 
     ready = trio.Event()

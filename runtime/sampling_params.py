@@ -6,6 +6,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+_NO_VOCABULARY_IS_THIS_LARGE = 2**31
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -14,7 +16,7 @@ class SamplingParams:
     Attributes:
         max_tokens: most tokens to generate; None means up to the context limit.
         temperature: 0 means greedy (argmax); otherwise logits are divided by it.
-        top_k: keep the k most likely tokens; 0 (or -1) keeps all.
+        top_k: keep the k most likely tokens; 0 (or -1, or more than the vocabulary) keeps all.
         top_p: keep the smallest set of tokens whose probability reaches p.
         min_p: drop tokens less likely than min_p times the most likely one.
         seed: makes sampling reproducible, whatever else shares the batch.
@@ -50,8 +52,8 @@ class SamplingParams:
             raise ValueError("stop_token_ids must be non-negative")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
-        if self.top_k == -1:
-            object.__setattr__(self, "top_k", 0)
+        if self.top_k == -1 or self.top_k >= _NO_VOCABULARY_IS_THIS_LARGE:
+            object.__setattr__(self, "top_k", 0)  # all of them, and it fits the wire's int64
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "stop", tuple(self.stop))
 

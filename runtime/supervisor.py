@@ -19,14 +19,11 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable
-from functools import partial
 
 import trio
 
 from runtime.config import EngineConfig
-from runtime.scheduler_actor import SchedulerActor
-from runtime.transport import Channel, inproc_address, ipc_address
-from runtime.worker import WorkerActor
+from runtime.wire.transport import Channel, inproc_address, ipc_address
 
 
 class ActorDiedError(RuntimeError):
@@ -48,10 +45,14 @@ async def start_actors(
     """Start both actors; return the frontend's channel to the scheduler (not yet ready)
     and the child processes by role (none in inproc mode)."""
     if config.mode == "inproc":
+        # imported here: a process-mode parent never loads the worker (torch) or the scheduler
+        from runtime.scheduler.actor import SchedulerActor
+        from runtime.worker.actor import WorkerActor
+
         frontend_address, worker_address = inproc_address("frontend"), inproc_address("worker")
-        scheduler = SchedulerActor(config, eos_token_ids, frontend_address, worker_address)
-        await nursery.start(scheduler.run)  # listening: the worker can dial it
-        nursery.start_soon(partial(WorkerActor(config, worker_address, progress).run))
+        scheduler = SchedulerActor(config, eos_token_ids)
+        await nursery.start(scheduler.serve, frontend_address, worker_address)  # can be dialed
+        nursery.start_soon(WorkerActor(config, progress).serve, worker_address)
         return Channel.dial(frontend_address), {}
     directory = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # short: unix socket paths are
     nursery.start_soon(_remove_on_exit, directory)

@@ -1,7 +1,8 @@
-"""Drive the pure scheduler like the actors do, with a fake model, checking invariants each step.
+"""Drive the pure scheduler like the actor does, with a fake model, checking invariants each step.
 
-`depth` is how many steps may be in flight, as in the scheduler actor: 1 waits for each result
-before scheduling the next step, 2 keeps one step queued ahead of the worker.
+`depth` is how many steps may be in flight (`StepPipeline`, the same rule the scheduler actor
+runs): 1 waits for each result before scheduling the next step, 2 keeps one step queued ahead of
+the worker. Plans go through the codec and the worker's real `SeqTable`.
 """
 
 from __future__ import annotations
@@ -9,12 +10,15 @@ from __future__ import annotations
 import random
 from collections import Counter, deque
 
-from runtime.block_manager import BlockManager
-from runtime.messages import StepPlan, decode, encode
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler import FinishedOutput, ScheduledStep, Scheduler
-from runtime.seq_table import SeqTable
-from runtime.sequence import Sequence, SequenceStatus
+from runtime.scheduler.actor import plan_message
+from runtime.scheduler.block_manager import BlockManager
+from runtime.scheduler.pipeline import StepPipeline
+from runtime.scheduler.scheduler import SampledToken, ScheduledStep, Scheduler
+from runtime.scheduler.sequence import Sequence, SequenceStatus
+from runtime.wire.codec import decode, encode
+from runtime.wire.messages import StepPlan
+from runtime.worker.seq_table import SeqTable
 
 EOS = 0
 
@@ -41,17 +45,17 @@ class CoreHarness:
             eos_token_ids=frozenset({EOS}),
         )
         self.depth = depth
+        self.pipeline = StepPipeline(self.sched, depth)
         self.worker = SeqTable()
         self.rng = random.Random(seed)
         self.next_seq_id = 0
-        self.outputs: dict[str, list[FinishedOutput]] = {}
+        self.outputs: dict[str, list[SampledToken]] = {}
         self.finished: dict[str, str] = {}
-        self.step_id = 0
-        self.in_flight: deque[tuple[ScheduledStep, StepPlan]] = deque()
+        self.plans: deque[StepPlan] = deque()  # sent to the worker, not yet computed
 
     def add(self, rid: str, prompt: list[int], max_tokens: int, ignore_eos: bool = True) -> None:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
-        self.sched.add(Sequence(self.next_seq_id, rid, prompt, params))
+        self.sched.add(Sequence(self.next_seq_id, rid, prompt, params, max_tokens=max_tokens))
         self.next_seq_id += 1
         self.outputs[rid] = []
 
@@ -59,27 +63,21 @@ class CoreHarness:
         if self.sched.abort(rid):
             self.finished[rid] = "abort"
 
-    def step(self, abort_in_flight: tuple[str, ...] = ()) -> ScheduledStep:
-        """Schedule one step, then retire steps until fewer than `depth` are in flight."""
-        scheduled = self.sched.schedule()
-        if scheduled.seqs:
-            plan = decode(encode(scheduled.to_plan(self.step_id)))  # what the worker gets
+    def step(self, abort_in_flight: tuple[str, ...] = ()) -> ScheduledStep | None:
+        """One turn of the actor's loop: maybe schedule a step, maybe retire the oldest."""
+        scheduled = self.pipeline.schedule_next()
+        if scheduled is not None:
+            plan = decode(encode(plan_message(scheduled)))  # what the worker gets
             assert isinstance(plan, StepPlan)
-            self.step_id += 1
-            self.in_flight.append((scheduled, plan))
-        else:
-            self.sched.requeue_released(scheduled)
-        while self.in_flight and (len(self.in_flight) >= self.depth or not scheduled.seqs):
+            self.plans.append(plan)
+        if self.pipeline.must_retire(scheduled):
             self._retire(abort_in_flight)
-            abort_in_flight = ()
-            if scheduled.seqs:
-                break
         self.check_invariants()
         return scheduled
 
     def _retire(self, abort_in_flight: tuple[str, ...]) -> None:
         """The worker runs the oldest step in flight; then its result reaches the scheduler."""
-        scheduled, plan = self.in_flight.popleft()
+        scheduled, plan = self.pipeline.in_flight[0], self.plans.popleft()
         worker_seqs = self.worker.apply(plan)
         sampled = {}
         for i, (seq_id, ws, n) in enumerate(
@@ -95,7 +93,7 @@ class CoreHarness:
             SeqTable.commit(ws, n, token)
         for rid in abort_in_flight:  # arrive while the worker computes
             self.abort(rid)
-        for out in self.sched.update(scheduled, sampled):
+        for out in self.pipeline.retire(plan.step, sampled):
             self.outputs[out.rid].append(out)
             if out.finish_reason is not None:
                 assert out.rid not in self.finished, f"{out.rid} finished twice"
@@ -106,7 +104,7 @@ class CoreHarness:
 
     def run_until_idle(self, max_steps: int = 10_000) -> None:
         for _ in range(max_steps):
-            if not self.sched.has_work() and not self.in_flight:
+            if self.pipeline.idle:
                 return
             self.step()
         raise AssertionError("scheduler made no progress")
@@ -130,5 +128,5 @@ class CoreHarness:
             assert 0 <= seq.num_pending_tokens <= self.depth
         assert len(sched.running) <= sched.max_num_seqs
         assert set(sched.by_rid) == {s.rid for s in live}
-        if not sched.has_work() and not self.in_flight:
+        if self.pipeline.idle:
             assert bm.num_free_blocks == bm.num_blocks

@@ -5,8 +5,8 @@ from collections.abc import AsyncGenerator
 
 import trio
 
-from runtime.engine import Engine
-from runtime.request_stream import RequestOutput
+from runtime.engine_client import RequestOutput
+from runtime.frontend.engine import Engine
 from runtime.sampling_params import SamplingParams
 
 

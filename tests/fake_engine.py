@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 
 import trio
 
-from runtime.messages import SchedulerStats
-from runtime.protocol import EngineClient, EngineStats, ModelCard
-from runtime.request_stream import RequestOutput
-from runtime.sampling_params import SamplingParams
+from runtime.engine_client import (
+    EngineClient,
+    EngineStats,
+    FrontendStats,
+    ModelCard,
+    RequestOutput,
+    SamplingParams,
+    SchedulerStats,
+    WorkerStats,
+)
 
 WORDS = ["alpha ", "beta ", "gamma ", "delta ", "eps ", "zeta ", "eta ", "theta "]
 
@@ -102,8 +109,19 @@ class FakeEngine(EngineClient):
         return self.statistics()
 
     def statistics(self) -> EngineStats:
-        stats = SchedulerStats(len(self.open), 0, 90, 100, *[0] * 5, *[0.0] * 7)
-        return EngineStats(len(self.open), 0, len(self.open), 0.1, 7, 11, 0.0, 0.0, stats)
+        frontend = FrontendStats(
+            num_requests_open=len(self.open),
+            prompt_tokens_total=7,
+            dispatch_seconds=0.0,
+            detokenize_seconds=0.0,
+        )
+        scheduler = dataclasses.replace(
+            SchedulerStats.idle(100),
+            num_running=len(self.open),
+            num_free_blocks=90,
+            num_generated_tokens=11,
+        )
+        return EngineStats(frontend, scheduler, WorkerStats())
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) % 100 for c in text]

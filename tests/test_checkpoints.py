@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from runtime.config import EngineConfig
-from runtime.loader import CheckpointError
-from runtime.model_runner import ModelRunner
+from runtime.worker.loader import CheckpointError
+from runtime.worker.model_runner import ModelRunner
 from tools.tiny_model import make_tiny_model
 
 

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from runtime.config import EngineConfig
-from runtime.engine import Engine, open_engine
+from runtime.frontend.engine import Engine, open_engine
 from runtime.sampling_params import SamplingParams
 from tests.engine_helpers import collect, collect_all, random_prompts
 
@@ -59,7 +59,7 @@ async def test_abort_100_of_200_in_flight_frees_every_block(llama_dir: Path, mod
     assert stats.scheduler.num_aborts == 100  # exactly one abort per abandoned request
     assert stats.kv_cache_usage == 0.0
     assert stats.scheduler.num_free_blocks == stats.scheduler.num_total_blocks
-    assert stats.num_requests_running == stats.num_requests_waiting == 0
+    assert stats.scheduler.num_running == stats.scheduler.num_waiting == 0
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -150,7 +150,7 @@ async def test_stop_conditions(llama_dir: Path, mode: str) -> None:
 async def test_text_prompt_is_tokenized(llama_dir: Path, mode: str) -> None:
     async with open_engine(config(llama_dir, mode)) as engine:
         by_text = await collect(engine, "def hello():", SamplingParams(max_tokens=8, temperature=0))
-        ids = engine.tokenizer.encode("def hello():")
+        ids = engine.inputs.tokenizer.encode("def hello():")
         by_ids = await collect(engine, ids, SamplingParams(max_tokens=8, temperature=0))
     assert by_text["tokens"] == by_ids["tokens"]
 
@@ -219,7 +219,7 @@ async def test_health_and_statistics(llama_dir: Path, mode: str) -> None:
         await collect_all(engine, random_prompts([10] * 4), SamplingParams(max_tokens=5))
         stats = await engine.fetch_statistics()
     assert stats.scheduler.num_generated_tokens == 20
-    assert stats.scheduler.forward_seconds > 0 and stats.scheduler.num_steps >= 5
+    assert stats.worker.forward_seconds > 0 and stats.scheduler.num_steps >= 5
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -249,7 +249,7 @@ async def test_stop_token_text_is_not_output(llama_dir: Path, mode: str) -> None
     first = free["tokens"].index(stop_id)
     assert stopped["tokens"] == free["tokens"][: first + 1]
     assert stopped["matched_stop"] == stop_id
-    assert stopped["text"] == engine.tokenizer.decode(free["tokens"][:first])
+    assert stopped["text"] == engine.inputs.tokenizer.decode(free["tokens"][:first])
 
 
 @pytest.mark.parametrize("mode", MODES)

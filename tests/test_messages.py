@@ -3,8 +3,9 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from runtime.messages import (
-    _TAG_OF,
+from runtime.sampling_params import SamplingParams
+from runtime.wire.codec import _TAG_OF, WireError, decode, encode
+from runtime.wire.messages import (
     AddRequest,
     EngineReady,
     NewSeq,
@@ -14,14 +15,10 @@ from runtime.messages import (
     StepOutputs,
     StepPlan,
     StepResult,
-    StepTimings,
     Submit,
-    WireError,
     WorkerReady,
-    decode,
-    encode,
+    WorkerStats,
 )
-from runtime.sampling_params import SamplingParams
 
 PARAMS = SamplingParams(
     max_tokens=7,
@@ -34,23 +31,25 @@ PARAMS = SamplingParams(
     stop_token_ids=(5, 6),
     stop=("END",),
 )
-STATS = SchedulerStats(1, 2, 3, 4, 5, 6, 7, 8, 9, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+STATS = SchedulerStats(1, 2, 3, 4, 5, 6, 7, 8, 9, 0.1, 0.2, 0.3)
+WORKER_STATS = WorkerStats(9, 0.1, 0.2, 0.3, 0.4)
 EXAMPLES = [
     PARAMS,
-    AddRequest("r1", (1, 2, 3), PARAMS),
-    Submit((AddRequest("r1", (1,), SamplingParams()),), ("r0", "r2")),
+    AddRequest("r1", (1, 2, 3), 7, PARAMS),
+    Submit((AddRequest("r1", (1,), 1, SamplingParams()),), ("r0", "r2")),
     Submit((), ()),
     Ping(3),
-    Pong(3, None),
-    Pong(4, STATS),
+    Pong(3, None, None),
+    Pong(4, STATS, WORKER_STATS),
     NewSeq(1, (4, 5), 2, 0, PARAMS),
     StepPlan(9, (NewSeq(1, (4, 5), 2, 0, PARAMS),), (1, 2), (2, 1), (1, 1), (7, 8), (3,), True),
-    WorkerReady(100),
-    StepTimings(0.1, 0.2, 0.3, 0.4),
-    StepResult(9, (1, 2), (10, 11), (-0.5, -1.0), StepTimings(0.1, 0.2, 0.3, 0.4)),
-    EngineReady(100, 2048),
+    WorkerReady(100, "bfloat16", 1),
+    WORKER_STATS,
+    StepResult(9, (1, 2), (10, 11), (-0.5, -1.0), WORKER_STATS),
+    EngineReady(2048, 2, WorkerReady(100, "float32", 4)),
     STATS,
-    StepOutputs(("a", "b"), (1, 2), (-0.1, -0.2), (None, "stop"), (0, 16), STATS),
+    StepOutputs(("a", "b"), (1, 2), (-0.1, -0.2), (None, "stop"), (0, 16), STATS, WORKER_STATS),
+    AddRequest("\ud800", (1,), 1, SamplingParams(stop=("\udfff",))),  # lone surrogates from JSON
 ]
 
 
@@ -74,8 +73,8 @@ def test_round_trip(msg: object) -> None:
         (msgpack.packb([4, 1, 2]), "Ping: expected 1 fields, got 2"),
         (msgpack.packb([4, "1"]), "Ping.nonce: expected int, got str"),
         (msgpack.packb([4, True]), "Ping.nonce: expected int, got bool"),
-        (msgpack.packb([2, "r", [1, "x"], [1]]), "prompt_token_ids\\[1\\]: expected int"),
-        (msgpack.packb([2, "r", [1], [4, 1]]), "AddRequest.params: expected SamplingParams"),
+        (msgpack.packb([2, "r", [1, "x"], 1, [1]]), "prompt_token_ids\\[1\\]: expected int"),
+        (msgpack.packb([2, "r", [1], 1, [4, 1]]), "AddRequest.params: expected SamplingParams"),
         (msgpack.packb([1, 0, 1.0, 0, 1.0, 0.0, None, False, [], []]), "max_tokens must be"),
         (msgpack.packb([1, None, "hot", 0, 1.0, 0.0, None, False, [], []]), "temperature: exp"),
         (msgpack.packb([3, [], "abc"]), "Submit.aborts: expected a list"),

@@ -12,15 +12,15 @@ import pytest
 import trio
 
 from runtime.config import EngineConfig
-from runtime.engine import open_engine
-from runtime.request_stream import EngineDeadError
+from runtime.engine_client import EngineDeadError
+from runtime.frontend.engine import open_engine
 from runtime.sampling_params import SamplingParams
 from runtime.supervisor import ActorDiedError
 
 PARENT = """
 import sys, trio
 from runtime.config import EngineConfig
-from runtime.engine import open_engine
+from runtime.frontend.engine import open_engine
 
 async def main():
     async with open_engine(EngineConfig(model=sys.argv[1], mode="process")) as engine:
@@ -90,3 +90,16 @@ async def test_a_checkpoint_error_in_the_worker_surfaces(tmp_path: Path, llama_d
     with pytest.RaisesGroup(died, flatten_subgroups=True):
         async with open_engine(EngineConfig(model=str(broken), mode="process")):
             pass
+
+
+def test_python_dash_m_runtime_is_the_runtime_command() -> None:
+    """People type `python -m runtime serve` by habit, as they do for vLLM and SGLang."""
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--max-steps-in-flight" in result.stdout

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.sampler import make_sampling_batch, sample, uniform
+from runtime.worker.sampler import make_sampling_batch, sample, uniform
 
 CPU = torch.device("cpu")
 

@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.block_manager import BlockManager
 from runtime.sampling_params import SamplingParams
-from runtime.sequence import Sequence
+from runtime.scheduler.block_manager import BlockManager
+from runtime.scheduler.sequence import Sequence
 from tests.core_harness import EOS, CoreHarness
 
 
@@ -59,7 +59,7 @@ def test_a_block_is_reused_only_under_the_same_whole_prefix() -> None:
     params = SamplingParams(max_tokens=1)
 
     def computed(seq_id: int, tokens: list[int]) -> Sequence:
-        seq = Sequence(seq_id, str(seq_id), tokens, params)
+        seq = Sequence(seq_id, str(seq_id), tokens, params, max_tokens=1)
         bm.allocate(seq, bm.blocks_needed(seq, len(tokens)))
         bm.cache_full_blocks(seq, 0, len(tokens))
         seq.num_computed_tokens = len(tokens)
@@ -67,8 +67,14 @@ def test_a_block_is_reused_only_under_the_same_whole_prefix() -> None:
 
     a = computed(0, [1, 2, 3, 4, 9])
     b = computed(1, [5, 6, 3, 4, 9])
-    assert bm.match_prefix(Sequence(2, "c", [1, 2, 3, 4, 9], params)) == a.block_table[:2]
-    assert bm.match_prefix(Sequence(3, "d", [5, 6, 3, 4, 9], params)) == b.block_table[:2]
+    assert (
+        bm.match_prefix(Sequence(2, "c", [1, 2, 3, 4, 9], params, max_tokens=1))
+        == a.block_table[:2]
+    )
+    assert (
+        bm.match_prefix(Sequence(3, "d", [5, 6, 3, 4, 9], params, max_tokens=1))
+        == b.block_table[:2]
+    )
 
 
 def test_cache_never_covers_the_last_token() -> None:

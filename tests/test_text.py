@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from runtime.detokenizer import IncrementalDetokenizer
-from runtime.stop_strings import StopStringMatcher
+from runtime.frontend.detokenizer import IncrementalDetokenizer
+from runtime.frontend.stop_strings import StopStringMatcher
 
 
 @pytest.fixture(scope="module")

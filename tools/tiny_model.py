@@ -28,7 +28,7 @@ CHAT_TEMPLATE = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TinyArch:
     model_type: str
     architecture: str
@@ -48,33 +48,43 @@ class TinyArch:
 VOCAB_SIZE = 4096
 ARCHS: dict[str, TinyArch] = {
     # ~5.1 M parameters, head_dim 64, GQA 4:2; the built-in default model.
-    "llama": TinyArch("llama", "LlamaForCausalLM", 256, 4, 4, 2, 64, 704, 2048),
+    "llama": TinyArch(
+        model_type="llama",
+        architecture="LlamaForCausalLM",
+        hidden_size=256,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        intermediate_size=704,
+        max_position_embeddings=2048,
+    ),
     # qkv bias, tied embeddings, multi-query attention (one kv head).
     "qwen2": TinyArch(
-        "qwen2",
-        "Qwen2ForCausalLM",
-        192,
-        3,
-        6,
-        1,
-        32,
-        512,
-        1024,
+        model_type="qwen2",
+        architecture="Qwen2ForCausalLM",
+        hidden_size=192,
+        num_layers=3,
+        num_heads=6,
+        num_kv_heads=1,
+        head_dim=32,
+        intermediate_size=512,
+        max_position_embeddings=1024,
         qkv_bias=True,
         tie_embeddings=True,
         rope_theta=1_000_000.0,
     ),
     # per-head RMSNorm on q and k; head_dim * heads != hidden_size.
     "qwen3": TinyArch(
-        "qwen3",
-        "Qwen3ForCausalLM",
-        192,
-        3,
-        4,
-        2,
-        32,
-        512,
-        1024,
+        model_type="qwen3",
+        architecture="Qwen3ForCausalLM",
+        hidden_size=192,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        intermediate_size=512,
+        max_position_embeddings=1024,
         qk_norm=True,
         rope_theta=1_000_000.0,
     ),

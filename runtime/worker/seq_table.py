@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.messages import StepPlan
 from runtime.sampling_params import SamplingParams
+from runtime.wire.messages import StepPlan
 
 
 @dataclass(slots=True)

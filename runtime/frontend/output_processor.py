@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from transformers import PreTrainedTokenizerBase
 
-from runtime.detokenizer import IncrementalDetokenizer
-from runtime.request_stream import RequestOutput, TokenOutput
+from runtime.engine_client import RequestOutput
+from runtime.frontend.detokenizer import IncrementalDetokenizer
+from runtime.frontend.request_stream import TokenOutput
+from runtime.frontend.stop_strings import StopStringMatcher
 from runtime.sampling_params import SamplingParams
-from runtime.stop_strings import StopStringMatcher
 
 
 class OutputProcessor:
@@ -17,7 +20,7 @@ class OutputProcessor:
         self,
         rid: str,
         tokenizer: PreTrainedTokenizerBase,
-        prompt_token_ids: list[int],
+        prompt_token_ids: Sequence[int],
         params: SamplingParams,
     ) -> None:
         self.rid = rid

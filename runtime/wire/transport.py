@@ -14,18 +14,28 @@ from __future__ import annotations
 
 import os
 import uuid
+from typing import Protocol
 
 import pynng
 import trio
 
-from runtime.messages import decode, encode
+import runtime.wire.messages  # noqa: F401 (registers every message's tag with the codec)
+from runtime.wire.codec import decode, encode
 
 # Messages in flight per direction before a sender waits. Steps are lock-step, so a handful is
 # plenty; Submit bursts from the frontend are the only thing that can queue up.
 _BUFFER = 64
 
 
-class Channel:
+class MessageChannel(Protocol):
+    """What an actor needs of its link to a peer; tests inject in-memory ones."""
+
+    async def send(self, msg: object) -> None: ...
+
+    async def recv(self) -> object: ...
+
+
+class Channel(MessageChannel):
     """A typed, bidirectional message pipe to one peer actor."""
 
     def __init__(self, sock: pynng.Socket) -> None:

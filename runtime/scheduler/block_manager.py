@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 
-from runtime.sequence import Sequence
+from runtime.scheduler.sequence import Sequence
 
 
 def block_digest(parent: bytes | None, token_ids: tuple[int, ...]) -> bytes:

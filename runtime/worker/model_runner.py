@@ -16,13 +16,13 @@ import torch
 from runtime.config import EngineConfig
 from runtime.layers.attention import AttentionMetadata, PrefillSlice, causal_mask, gather_rows
 from runtime.layers.basic import pack_linears_for_cpu
-from runtime.loader import load_weights
-from runtime.messages import StepPlan, StepResult, StepTimings
 from runtime.model_info import load_model_info, resolve_max_model_len
 from runtime.models import MODELS
 from runtime.models.llama import ModelArgs
-from runtime.sampler import SamplingBatch, make_sampling_batch, sample
-from runtime.seq_table import SeqTable, WorkerSeq
+from runtime.wire.messages import StepPlan
+from runtime.worker.loader import load_weights
+from runtime.worker.sampler import SamplingBatch, make_sampling_batch, sample
+from runtime.worker.seq_table import SeqTable, WorkerSeq
 
 
 @dataclass(slots=True)
@@ -35,6 +35,18 @@ class ModelInputs:
     sampling: SamplingBatch | None
 
 
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """What one step sampled (one entry per sequence that sampled), and where its time went."""
+
+    seq_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    prepare_seconds: float
+    forward_seconds: float
+    sample_seconds: float
+
+
 def default_num_threads() -> int:
     """All cores but one, which the scheduler and the frontend need. On the 2-core dev box a
     second torch thread made decode steps ~2x slower (OpenMP spin-waits for tiny ops)."""
@@ -44,6 +56,7 @@ def default_num_threads() -> int:
 class ModelRunner:
     def __init__(self, config: EngineConfig, progress: bool = False) -> None:
         torch.set_num_threads(config.num_threads or default_num_threads())
+        self.num_threads = torch.get_num_threads()
         self.config = config
         self.info = load_model_info(config)
         self.max_model_len = resolve_max_model_len(config, self.info)
@@ -82,9 +95,13 @@ class ModelRunner:
             )
         return blocks
 
+    @property
+    def dtype(self) -> str:
+        return str(self.info.dtype).removeprefix("torch.")
+
     @torch.inference_mode()
-    def execute(self, plan: StepPlan, idle: float = 0.0) -> StepResult:
-        """Run one step; `idle` is how long the worker waited for this plan (for statistics)."""
+    def execute(self, plan: StepPlan) -> StepOutcome:
+        """Run one step: apply the plan to the sequence table, compute, sample."""
         start = time.perf_counter()
         seqs = self.table.apply(plan)
         inputs = self._prepare(plan, seqs)
@@ -103,12 +120,13 @@ class ModelRunner:
         for i, (seq, n) in enumerate(zip(seqs, plan.num_tokens, strict=True)):
             SeqTable.commit(seq, n, sampled_at.get(i))
         done = time.perf_counter()
-        return StepResult(
-            step=plan.step,
+        return StepOutcome(
             seq_ids=tuple(plan.seq_ids[i] for i in inputs.sampled),
             token_ids=tuple(token_ids),
             logprobs=tuple(logprobs),
-            timings=StepTimings(prepared - start, forwarded - prepared, done - forwarded, idle),
+            prepare_seconds=prepared - start,
+            forward_seconds=forwarded - prepared,
+            sample_seconds=done - forwarded,
         )
 
     def _prepare(self, plan: StepPlan, seqs: list[WorkerSeq]) -> ModelInputs:
@@ -177,10 +195,12 @@ class ModelRunner:
 
     def _sampling(self, seqs: list[WorkerSeq]) -> SamplingBatch:
         rows = []
+        vocab = self.info.vocab_size
         for seq in seqs:
             p = seq.params
             seed = p.seed if p.seed is not None else random.getrandbits(64)
-            rows.append((p.temperature, p.top_k, p.top_p, p.min_p, seed, seq.num_output_tokens))
+            top_k = p.top_k if p.top_k < vocab else 0  # all of them: keep all, unfiltered
+            rows.append((p.temperature, top_k, p.top_p, p.min_p, seed, seq.num_output_tokens))
         return make_sampling_batch(rows, self.device)
 
     def _tensor(self, values: list[int] | list[list[int]]) -> torch.Tensor:

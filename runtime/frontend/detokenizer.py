@@ -7,6 +7,8 @@ primed with the end of the prompt so the first output token is spaced as it is m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tokenizers.decoders import DecodeStream
 from transformers import PreTrainedTokenizerBase
 
@@ -14,7 +16,7 @@ _PROMPT_CONTEXT = 4  # prompt tokens replayed to prime spacing and merges
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: list[int]) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: Sequence[int]) -> None:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
             raise ValueError("streaming text needs a fast tokenizer (tokenizer.json)")

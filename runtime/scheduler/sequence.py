@@ -26,6 +26,7 @@ class Sequence:
     __slots__ = (
         "block_table",
         "finish_reason",
+        "max_tokens",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_pending_tokens",
@@ -38,17 +39,24 @@ class Sequence:
     )
 
     def __init__(
-        self, seq_id: int, rid: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        seq_id: int,
+        rid: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        max_tokens: int,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError("a prompt needs at least one token")
-        if params.max_tokens is None:
-            raise ValueError("the scheduler needs max_tokens resolved by the frontend")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         self.seq_id = seq_id
         self.rid = rid
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
+        self.max_tokens = max_tokens  # resolved by the frontend: never None here
         self.num_computed_tokens = 0
         self.num_pending_tokens = 0  # sampled by steps in flight, values not known yet
         self.num_cached_tokens = -1  # prompt tokens from the prefix cache; -1 until admitted

@@ -9,11 +9,11 @@ is preempted: its blocks are freed and it waits to be recomputed from its tokens
 
 `schedule()` commits to its step at once (counters advance, sampled tokens count as pending), and
 `update()` later fills in what the step sampled. Steps are executed in order, so the next step may
-be scheduled before the previous one's result is back: the actor keeps one step queued ahead of
-the worker, hiding scheduling and messaging behind the model's forward. A sequence that hits EOS
-costs at most one wasted token that way; length limits are known ahead and cost nothing.
+be scheduled before the previous one's result is back (`StepPipeline` keeps one step queued ahead
+of the worker, hiding scheduling and messaging behind the model's forward). A sequence that hits
+EOS costs at most one wasted token that way; length limits are known ahead and cost nothing.
 
-Pure Python: no trio, nng or torch, so tests drive it step by step.
+Pure Python: no trio, nng, torch or wire messages, so tests drive it step by step.
 """
 
 from __future__ import annotations
@@ -21,38 +21,27 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from runtime.block_manager import BlockManager
-from runtime.messages import NewSeq, StepPlan
-from runtime.sequence import Sequence, SequenceStatus
+from runtime.scheduler.block_manager import BlockManager
+from runtime.scheduler.sequence import Sequence, SequenceStatus
 
 
 @dataclass(slots=True)
 class ScheduledStep:
     """What one step computes, plus the bookkeeping the worker must hear about."""
 
+    step_id: int
     seqs: list[Sequence] = field(default_factory=list)
     num_tokens: list[int] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)  # computed tokens before this step
     samples: list[bool] = field(default_factory=list)  # the step samples a token for it
-    new_seqs: list[NewSeq] = field(default_factory=list)  # worker has no state for these yet
+    new_seqs: list[Sequence] = field(default_factory=list)  # worker has no state for these yet
     new_blocks: list[tuple[int, int]] = field(default_factory=list)  # (seq_id, block_id)
     released: list[int] = field(default_factory=list)  # seq ids whose worker state must go
-
-    def to_plan(self, step_id: int, queued: bool = False) -> StepPlan:
-        return StepPlan(
-            step=step_id,
-            new_seqs=tuple(self.new_seqs),
-            seq_ids=tuple(s.seq_id for s in self.seqs),
-            num_tokens=tuple(self.num_tokens),
-            block_seq_ids=tuple(s for s, _ in self.new_blocks),
-            block_ids=tuple(b for _, b in self.new_blocks),
-            released=tuple(self.released),
-            queued=queued,
-        )
+    queued: bool = False  # scheduled while an earlier step was still computing
 
 
 @dataclass(frozen=True, slots=True)
-class FinishedOutput:
+class SampledToken:
     """One sampled token handed back to a request (with its finish reason, if it ended)."""
 
     rid: str
@@ -81,6 +70,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.by_rid: dict[str, Sequence] = {}
         self._released: list[int] = []  # seq ids to report to the worker with the next step
+        self.num_steps = 0
         self.num_preemptions = 0
         self.num_cached_tokens = 0  # tokens the prefix cache saved from recomputation, in total
 
@@ -89,9 +79,9 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         if seq.rid in self.by_rid:
             raise ValueError(f"request id {seq.rid!r} is already in use")
-        if seq.num_prompt_tokens + seq.params.max_tokens > self.max_model_len:  # type: ignore[operator]
+        if seq.num_prompt_tokens + seq.max_tokens > self.max_model_len:
             raise ValueError(
-                f"prompt ({seq.num_prompt_tokens}) + max_tokens ({seq.params.max_tokens}) "
+                f"prompt ({seq.num_prompt_tokens}) + max_tokens ({seq.max_tokens}) "
                 f"exceeds max_model_len ({self.max_model_len})"
             )
         self.by_rid[seq.rid] = seq
@@ -110,8 +100,9 @@ class Scheduler:
 
     # -- one step ------------------------------------------------------------------------
 
-    def schedule(self) -> ScheduledStep:
-        step = ScheduledStep(released=self._released)
+    def schedule(self) -> ScheduledStep | None:
+        """The next step, or None if nothing can be computed now (its releases wait)."""
+        step = ScheduledStep(self.num_steps, released=self._released)
         self._released = []
         budget = self.max_num_batched_tokens
         preemptions_before = self.num_preemptions
@@ -128,15 +119,14 @@ class Scheduler:
             budget -= num_tokens
         if self.num_preemptions == preemptions_before:  # admitting now would only thrash
             self._admit(budget, step)
+        if not step.seqs:  # nothing to send: keep the releases for the next step
+            self._released = step.released + self._released
+            return None
+        self.num_steps += 1
         return step
 
-    def requeue_released(self, step: ScheduledStep) -> None:
-        """A step that computes nothing is not sent: keep its releases for the next one."""
-        self._released = step.released + self._released
-
     def _reaches_limit(self, seq: Sequence) -> bool:
-        max_tokens: int = seq.params.max_tokens  # type: ignore[assignment]
-        return seq.num_output_tokens >= max_tokens or seq.num_tokens >= self.max_model_len
+        return seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len
 
     def _make_room(self, seq: Sequence, num_tokens: int, step: ScheduledStep) -> bool:
         """Preempt from the tail of `running` until `seq` fits; False if `seq` was preempted."""
@@ -166,15 +156,7 @@ class Scheduler:
                 seq.num_cached_tokens = seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            step.new_seqs.append(
-                NewSeq(
-                    seq.seq_id,
-                    tuple(seq.token_ids),
-                    seq.num_prompt_tokens,
-                    seq.num_computed_tokens,
-                    seq.params,
-                )
-            )
+            step.new_seqs.append(seq)
             step.new_blocks.extend((seq.seq_id, block_id) for block_id in seq.block_table)
             self._allocate(seq, num_tokens, step)
             budget -= num_tokens
@@ -205,7 +187,7 @@ class Scheduler:
 
     def update(
         self, step: ScheduledStep, sampled: dict[int, tuple[int, float]]
-    ) -> list[FinishedOutput]:
+    ) -> list[SampledToken]:
         """Apply a step's results (steps in order); `sampled`: seq_id -> (token, logprob)."""
         outputs = []
         for seq, num_tokens, start, samples in zip(
@@ -224,9 +206,7 @@ class Scheduler:
             reason = self._stop_reason(seq, token_id)
             if reason is not None:
                 self._finish(seq, reason)
-            outputs.append(
-                FinishedOutput(seq.rid, token_id, logprob, reason, seq.num_cached_tokens)
-            )
+            outputs.append(SampledToken(seq.rid, token_id, logprob, reason, seq.num_cached_tokens))
         return outputs
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> str | None:
@@ -236,7 +216,7 @@ class Scheduler:
         if token_id in params.stop_token_ids:
             return "stop"
         known = len(seq.token_ids)
-        if known - seq.num_prompt_tokens >= params.max_tokens or known >= self.max_model_len:  # type: ignore[operator]
+        if known - seq.num_prompt_tokens >= seq.max_tokens or known >= self.max_model_len:
             return "length"
         return None
 

@@ -1,12 +1,9 @@
-"""Every message the actors exchange, and the one msgpack codec that carries them.
+"""The one msgpack codec for every message the actors exchange.
 
 A message is a frozen, slotted dataclass registered under a small integer tag. On the wire it is
 the msgpack array `[tag, field0, field1, ...]`; nested messages nest the same way. Decoding checks
 every field against the class's type hints, so a peer speaking another version, or garbage, gets a
 `WireError` naming the message, the field and what was wrong, never a half-built object.
-
-Hot messages (`StepPlan`, `StepResult`, `StepOutputs`) are columnar: one tuple per field, one
-entry per sequence, so a step costs one message per direction whatever the batch size.
 """
 
 from __future__ import annotations
@@ -18,8 +15,6 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, TypeVar, dataclass_transform
 
 import msgpack
-
-from runtime.sampling_params import SamplingParams
 
 T = TypeVar("T")
 Check = Callable[[Any, str], Any]
@@ -57,157 +52,6 @@ def message(tag: int) -> Callable[[type[T]], type[T]]:
     return wrap
 
 
-# ---------------------------------------------------------------------------------------------
-# Messages. Tags are part of the protocol between processes: never reuse or renumber one.
-
-register(1)(SamplingParams)
-
-
-@message(2)
-class AddRequest:
-    """Frontend → scheduler: a new request with its prompt already tokenized."""
-
-    rid: str
-    prompt_token_ids: tuple[int, ...]
-    params: SamplingParams
-
-
-@message(3)
-class Submit:
-    """Frontend → scheduler: everything the frontend queued since its last message."""
-
-    adds: tuple[AddRequest, ...]
-    aborts: tuple[str, ...]
-
-
-@message(4)
-class Ping:
-    """Health probe, answered by a `Pong` with its nonce once every actor on the path saw it."""
-
-    nonce: int
-
-
-@message(5)
-class Pong:
-    """Answer to `Ping`. The scheduler attaches its statistics as it relays the worker's pong."""
-
-    nonce: int
-    stats: SchedulerStats | None
-
-
-@message(10)
-class NewSeq:
-    """Scheduler → worker: a sequence the worker has no state for (new, or back from preemption)."""
-
-    seq_id: int
-    token_ids: tuple[int, ...]
-    num_prompt_tokens: int
-    num_computed_tokens: int
-    params: SamplingParams
-
-
-@message(11)
-class StepPlan:
-    """Scheduler → worker: one engine step.
-
-    `seq_ids[i]` computes its next `num_tokens[i]` tokens; a token is sampled for it when that
-    reaches the end of its known tokens. `block_ids[j]` is appended to the block table of
-    `block_seq_ids[j]`, in order. `released` sequences are gone: the worker drops their state.
-    """
-
-    step: int
-    new_seqs: tuple[NewSeq, ...]
-    seq_ids: tuple[int, ...]
-    num_tokens: tuple[int, ...]
-    block_seq_ids: tuple[int, ...]
-    block_ids: tuple[int, ...]
-    released: tuple[int, ...]
-    queued: bool  # sent while an earlier step computed: the worker should find it waiting
-
-
-@message(12)
-class WorkerReady:
-    """Worker → scheduler, once: the model is loaded and the KV pool holds this many blocks."""
-
-    num_kv_blocks: int
-
-
-@message(13)
-class StepTimings:
-    """Seconds the worker spent on one step, by phase."""
-
-    prepare: float
-    forward: float
-    sample: float
-    idle: float  # between the end of the previous step and receiving this plan
-
-
-@message(14)
-class StepResult:
-    """Worker → scheduler: the token sampled for each sequence that finished its chunk."""
-
-    step: int
-    seq_ids: tuple[int, ...]
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    timings: StepTimings
-
-
-@message(20)
-class EngineReady:
-    """Scheduler → frontend, once: the engine accepts requests."""
-
-    num_kv_blocks: int
-    max_model_len: int
-
-
-@message(21)
-class SchedulerStats:
-    """Gauges (now) and counters (since start) of the scheduler and its worker."""
-
-    num_running: int
-    num_waiting: int
-    num_free_blocks: int
-    num_total_blocks: int
-    num_steps: int
-    num_preemptions: int
-    num_aborts: int  # abort messages received, including ones for already finished requests
-    num_generated_tokens: int
-    num_cached_tokens: int
-    schedule_seconds: float
-    update_seconds: float
-    wait_seconds: float  # the scheduler waiting for results
-    prepare_seconds: float
-    forward_seconds: float
-    sample_seconds: float
-    worker_idle_seconds: float  # the worker waiting for plans
-
-    @classmethod
-    def idle(cls, num_blocks: int) -> SchedulerStats:
-        """The figures of an engine that has done nothing yet."""
-        return cls(0, 0, num_blocks, num_blocks, 0, 0, 0, 0, 0, *[0.0] * 7)
-
-
-@message(22)
-class StepOutputs:
-    """Scheduler → frontend: every request's new token from one step (or only fresh stats).
-
-    `finish_reasons[i]` is None while request `rids[i]` runs, else "stop" or "length".
-    `num_cached_tokens[i]` is how many prompt tokens the prefix cache supplied.
-    """
-
-    rids: tuple[str, ...]
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    finish_reasons: tuple[str | None, ...]
-    num_cached_tokens: tuple[int, ...]
-    stats: SchedulerStats
-
-
-# ---------------------------------------------------------------------------------------------
-# Codec.
-
-
 def _pack_default(obj: object) -> list[Any]:
     tag = _TAG_OF.get(type(obj))
     if tag is None:
@@ -216,14 +60,18 @@ def _pack_default(obj: object) -> list[Any]:
 
 
 def encode(msg: object) -> bytes:
-    """Serialize a registered message to msgpack bytes."""
-    return msgpack.packb(msg, default=_pack_default)
+    """Serialize a registered message to msgpack bytes.
+
+    Strings go as they are, lone surrogates included: JSON lets a client send "\\ud800" in a
+    request id or a stop string, and that must not make the message unsendable.
+    """
+    return msgpack.packb(msg, default=_pack_default, unicode_errors="surrogatepass")
 
 
 def decode(data: bytes) -> object:
     """Parse bytes made by `encode`; raises WireError on anything else."""
     try:
-        obj = msgpack.unpackb(data)
+        obj = msgpack.unpackb(data, unicode_errors="surrogatepass")
     except (ValueError, msgpack.UnpackException) as exc:
         raise WireError(f"not a msgpack message: {exc}") from None
     return _decode_any(obj, "message")

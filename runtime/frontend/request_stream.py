@@ -13,35 +13,6 @@ import trio
 
 
 @dataclass(frozen=True, slots=True)
-class RequestOutput:
-    """What one request produced since its previous output.
-
-    Attributes:
-        rid: the request id.
-        token_ids: tokens generated since the last output (none only on a final output).
-        logprobs: log-probability of each of those tokens under the model.
-        text: the text those tokens add (stop strings and stop tokens excluded).
-        finish_reason: None while running; "stop", "length" or "abort" on the last output.
-        matched_stop: the stop string or stop token id that ended the request, if any.
-        num_prompt_tokens: prompt length in tokens.
-        num_cached_tokens: prompt tokens served from the prefix cache.
-    """
-
-    rid: str
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str | None
-    matched_stop: str | int | None
-    num_prompt_tokens: int
-    num_cached_tokens: int
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass(frozen=True, slots=True)
 class TokenOutput:
     """Tokens as the scheduler reported them, before the frontend adds text."""
 
@@ -49,10 +20,6 @@ class TokenOutput:
     logprobs: list[float]
     finish_reason: str | None
     num_cached_tokens: int
-
-
-class EngineDeadError(RuntimeError):
-    """The engine stopped (an actor died, or it shut down) while the request was running."""
 
 
 class RequestStream:

@@ -1,0 +1,151 @@
+"""`EngineClient`: the narrow surface the serving layer (`api/`) may depend on, and its types.
+
+The frontend (`runtime.frontend.engine.Engine`) implements it; `api/` imports nothing else from
+`runtime` (a test enforces it), so its tests drive it with a small fake, and another engine
+could stand in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from runtime.sampling_params import SamplingParams
+from runtime.wire.messages import SchedulerStats, WorkerStats
+
+__all__ = [
+    "EngineClient",
+    "EngineDeadError",
+    "EngineStats",
+    "FrontendStats",
+    "ModelCard",
+    "RequestOutput",
+    "SamplingParams",
+    "SchedulerStats",
+    "WorkerStats",
+]
+
+
+class EngineDeadError(RuntimeError):
+    """The engine stopped (an actor died, or it shut down) while the request was running."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCard:
+    """What a client may learn about the served model."""
+
+    path: str
+    max_model_len: int
+    vocab_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """What one request produced since its previous output.
+
+    Attributes:
+        rid: the request id.
+        token_ids: tokens generated since the last output (none only on a final output).
+        logprobs: log-probability of each of those tokens under the model.
+        text: the text those tokens add (stop strings and stop tokens excluded).
+        finish_reason: None while running; "stop", "length" or "abort" on the last output.
+        matched_stop: the stop string or stop token id that ended the request, if any.
+        num_prompt_tokens: prompt length in tokens.
+        num_cached_tokens: prompt tokens served from the prefix cache.
+    """
+
+    rid: str
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str | None
+    matched_stop: str | int | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendStats:
+    """The frontend's own figures."""
+
+    num_requests_open: int
+    """Requests whose `generate` is still being iterated."""
+    prompt_tokens_total: int
+    """Prompt tokens of every request submitted so far."""
+    dispatch_seconds: float
+    """Handing each step's tokens to their requests, in total."""
+    detokenize_seconds: float
+    """Turning tokens into text and matching stop strings, in total."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """The frontend's figures and the latest each actor reported. Every step's outputs carry
+    the actors' figures, and they send a last report when they come to rest, so at rest this
+    snapshot is exact."""
+
+    frontend: FrontendStats
+    scheduler: SchedulerStats
+    worker: WorkerStats
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of KV blocks held by sequences, 0 to 1."""
+        s = self.scheduler
+        used = s.num_total_blocks - s.num_free_blocks
+        return used / s.num_total_blocks if s.num_total_blocks else 0.0
+
+
+class EngineClient(Protocol):
+    @property
+    def model_card(self) -> ModelCard: ...
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        rid: str | None = None,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Validate now (ValueError on bad input); the request is queued once iterated.
+
+        Leaving the iteration early, or cancelling the iterating task, aborts the request.
+        """
+        ...
+
+    def abort(self, rid: str) -> None:
+        """End a request now: its iterator yields a final output with finish_reason "abort"."""
+        ...
+
+    def abort_all(self) -> None:
+        """Abort every open request (a server's drain deadline)."""
+        ...
+
+    async def wait_no_requests(self) -> None:
+        """Return once no request is open."""
+        ...
+
+    async def check_health(self) -> None:
+        """Return once every actor has answered; callers put a deadline around it."""
+        ...
+
+    def statistics(self) -> EngineStats:
+        """The latest known statistics, without waiting."""
+        ...
+
+    async def fetch_statistics(self) -> EngineStats:
+        """Fresh statistics, reflecting everything submitted before the call."""
+        ...
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def detokenize(self, token_ids: Sequence[int]) -> str: ...
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        """Render a conversation with the model's chat template, ready to generate the reply."""
+        ...

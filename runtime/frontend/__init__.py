@@ -1,0 +1,1 @@
+"""The frontend actor, in the API process: requests in, tokens to text, outputs out."""

@@ -1,0 +1,307 @@
+"""The frontend actor and the async engine API.
+
+    async with open_engine(EngineConfig(model="path/to/checkpoint")) as engine:
+        async for out in engine.generate("Hello", SamplingParams(max_tokens=16)):
+            print(out.text, end="")
+
+A request lives in the task that iterates `generate`. Cancel that task, or stop iterating, and
+the request is aborted exactly once: its `finally` puts the abort in the outbox, a synchronous
+call that no cancellation can interrupt, and the sender task delivers it with the next `Submit`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+import trio
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from runtime.config import EngineConfig
+from runtime.engine_client import (
+    EngineClient,
+    EngineDeadError,
+    EngineStats,
+    FrontendStats,
+    ModelCard,
+    RequestOutput,
+)
+from runtime.frontend.inputs import InputProcessor
+from runtime.frontend.outbox import Outbox
+from runtime.frontend.output_processor import OutputProcessor
+from runtime.frontend.request_stream import RequestStream
+from runtime.model_info import ModelInfo, load_model_info, resolve_max_model_len
+from runtime.sampling_params import SamplingParams
+from runtime.supervisor import ActorDiedError, OnDeath, start_actors
+from runtime.wire.codec import WireError
+from runtime.wire.messages import (
+    AddRequest,
+    EngineReady,
+    Pong,
+    SchedulerStats,
+    StepOutputs,
+    WorkerStats,
+)
+from runtime.wire.transport import MessageChannel
+
+# Seconds the requests of a dead engine (and `on_actor_death`) get to report the error.
+ACTOR_DEATH_GRACE = 5.0
+
+
+class Engine(EngineClient):
+    def __init__(
+        self,
+        config: EngineConfig,
+        info: ModelInfo,
+        tokenizer: PreTrainedTokenizerBase,
+        processes: dict[str, trio.Process] | None = None,
+    ) -> None:
+        self.config = config
+        self.info = info
+        self.inputs = InputProcessor(
+            tokenizer, vocab_size=info.vocab_size, max_model_len=config.max_model_len
+        )
+        self.processes = processes or {}  # actor processes by role (process mode)
+        self.ready: EngineReady | None = None  # what the actors run, once `run` has started
+        self._outbox = Outbox()
+        self._streams: dict[str, RequestStream] = {}
+        self._no_requests = trio.Event()
+        self._no_requests.set()
+        self._call_order = itertools.count()
+        self._pongs: dict[int, trio.Event] = {}
+        self._nonces = itertools.count()
+        self._dead: BaseException | None = None
+        self._prompt_tokens = 0
+        self._dispatch_seconds = 0.0
+        self._detokenize_seconds = 0.0
+        self._scheduler_stats = SchedulerStats.idle(0)
+        self._worker_stats = WorkerStats()
+
+    async def run(
+        self,
+        channel: MessageChannel,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Wait for the actors' `EngineReady`, then carry messages both ways until cancelled."""
+        ready = await channel.recv()
+        if not isinstance(ready, EngineReady):
+            raise WireError(f"expected EngineReady, got {type(ready).__name__}")
+        self.ready = ready
+        self._scheduler_stats = SchedulerStats.idle(ready.worker.num_kv_blocks)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._send_loop, channel)
+            nursery.start_soon(self._receive_loop, channel)
+            task_status.started()
+
+    def fail(self, error: BaseException) -> None:
+        """The engine is dead: every open request and health check ends with `error`."""
+        self._dead = self._dead or error  # the first cause is the one to report
+        for stream in self._streams.values():
+            stream.fail(EngineDeadError(str(error)))
+        for answered in self._pongs.values():
+            answered.set()
+
+    # -- EngineClient --------------------------------------------------------------------
+
+    @property
+    def model_card(self) -> ModelCard:
+        return ModelCard(self.config.model, self.config.max_model_len, self.info.vocab_size)
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        rid: str | None = None,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Raises ValueError for a bad prompt or parameters right away, before anything is
+        queued; the iterator raises EngineDeadError if the engine stops mid-request."""
+        params = params or SamplingParams()
+        token_ids = self.inputs.prompt_token_ids(prompt)
+        max_tokens = self.inputs.max_tokens(params, len(token_ids))
+        rid = rid if rid is not None else uuid.uuid4().hex
+        self._check_rid_free(rid)
+        add = AddRequest(rid, token_ids, max_tokens, params)
+        return self._run(add, next(self._call_order))
+
+    def abort(self, rid: str) -> None:
+        stream = self._streams.get(rid)
+        if stream is not None:
+            stream.end("abort")
+            self._abort_upstream(rid, stream)
+
+    def abort_all(self) -> None:
+        for rid in list(self._streams):
+            self.abort(rid)
+
+    async def wait_no_requests(self) -> None:
+        await self._no_requests.wait()
+
+    async def check_health(self) -> None:
+        await self._ping()
+
+    def statistics(self) -> EngineStats:
+        frontend = FrontendStats(
+            num_requests_open=len(self._streams),
+            prompt_tokens_total=self._prompt_tokens,
+            dispatch_seconds=self._dispatch_seconds,
+            detokenize_seconds=self._detokenize_seconds,
+        )
+        return EngineStats(frontend, self._scheduler_stats, self._worker_stats)
+
+    async def fetch_statistics(self) -> EngineStats:
+        """Fresh statistics: a round trip through both actors, after all earlier submissions."""
+        await self._ping()
+        return self.statistics()
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.inputs.tokenize(text, add_special_tokens)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return self.inputs.detokenize(token_ids)
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        return self.inputs.apply_chat_template(messages)
+
+    # -- requests ------------------------------------------------------------------------
+
+    async def _run(self, add: AddRequest, order: int) -> AsyncGenerator[RequestOutput, None]:
+        self._check_alive()
+        await trio.lowlevel.checkpoint_if_cancelled()  # already cancelled: queue nothing
+        self._check_rid_free(add.rid)
+        processor = OutputProcessor(
+            add.rid, self.inputs.tokenizer, add.prompt_token_ids, add.params
+        )
+        stream = self._streams[add.rid] = RequestStream()
+        self._no_requests = trio.Event()
+        self._outbox.add(order, add)
+        self._prompt_tokens += len(add.prompt_token_ids)
+        try:
+            while True:
+                tokens = await stream.next_output()
+                started = time.perf_counter()
+                output = processor.process(tokens)
+                self._detokenize_seconds += time.perf_counter() - started
+                if output.finished:
+                    stream.end(output.finish_reason or "stop")  # a stop string ends it here
+                yield output
+                if output.finished:
+                    return
+        finally:
+            del self._streams[add.rid]
+            self._abort_upstream(add.rid, stream)
+            if not self._streams:
+                self._no_requests.set()
+
+    def _abort_upstream(self, rid: str, stream: RequestStream) -> None:
+        """Tell the scheduler to drop `rid`, unless it is done with it: exactly once."""
+        if not stream.upstream_done:
+            stream.upstream_done = True
+            self._outbox.abort(rid)
+
+    def _check_rid_free(self, rid: str) -> None:
+        if rid in self._streams:
+            raise ValueError(f"request id {rid!r} is already in use")
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError("the engine is not running") from self._dead
+
+    # -- actor tasks ---------------------------------------------------------------------
+
+    async def _ping(self) -> None:
+        self._check_alive()
+        nonce = next(self._nonces)
+        answered = self._pongs[nonce] = trio.Event()
+        self._outbox.ping(nonce)
+        try:
+            await answered.wait()
+        finally:
+            del self._pongs[nonce]
+        self._check_alive()  # woken by `fail`, not by a Pong
+
+    async def _send_loop(self, channel: MessageChannel) -> None:
+        while True:
+            submit, pings = await self._outbox.take()
+            if submit is not None:
+                await channel.send(submit)
+            for ping in pings:
+                await channel.send(ping)
+
+    async def _receive_loop(self, channel: MessageChannel) -> None:
+        while True:
+            msg = await channel.recv()
+            match msg:
+                case StepOutputs():
+                    started = time.perf_counter()
+                    self._dispatch(msg)
+                    self._dispatch_seconds += time.perf_counter() - started
+                case Pong(nonce=nonce, scheduler=scheduler, worker=worker):
+                    self._scheduler_stats = scheduler or self._scheduler_stats
+                    self._worker_stats = worker or self._worker_stats
+                    if nonce in self._pongs:
+                        self._pongs[nonce].set()
+                case _:
+                    raise WireError(f"frontend got an unexpected {type(msg).__name__}")
+
+    def _dispatch(self, msg: StepOutputs) -> None:
+        """Hand each request its token. Never waits: a slow consumer just gets tokens merged."""
+        self._scheduler_stats, self._worker_stats = msg.scheduler, msg.worker
+        streams = self._streams
+        for rid, token_id, logprob, reason, cached in zip(
+            msg.rids,
+            msg.token_ids,
+            msg.logprobs,
+            msg.finish_reasons,
+            msg.num_cached_tokens,
+            strict=True,
+        ):
+            stream = streams.get(rid)
+            if stream is not None:  # else: abandoned by its consumer while the step ran
+                stream.push(token_id, logprob, reason, cached)
+
+
+@asynccontextmanager
+async def open_engine(
+    config: EngineConfig, *, progress: bool = False, on_actor_death: OnDeath | None = None
+) -> AsyncIterator[Engine]:
+    """Start the scheduler and worker actors (processes or tasks, per `config.mode`).
+
+    If an actor process dies, every request fails with EngineDeadError, `on_actor_death` (if
+    given) is awaited, e.g. to let an HTTP server send those errors and stop, and then
+    ActorDiedError cancels everything: within ACTOR_DEATH_GRACE seconds in all.
+    """
+    info = load_model_info(config)
+    config = config.replace(max_model_len=resolve_max_model_len(config, info))
+    tokenizer = await trio.to_thread.run_sync(AutoTokenizer.from_pretrained, config.model)
+    engine: Engine | None = None  # set once it runs: a death during startup has nobody to tell
+
+    async def report_death(error: ActorDiedError) -> None:
+        """Shielded: even if the engine's user leaves meanwhile, the death is raised after."""
+        if engine is None:
+            return
+        engine.fail(error)
+        with trio.move_on_after(ACTOR_DEATH_GRACE, shield=True):
+            await engine.wait_no_requests()
+            if on_actor_death is not None:
+                await on_actor_death(error)
+
+    async with trio.open_nursery() as actors:
+        channel, processes = await start_actors(
+            actors, config, info.eos_token_ids, progress, report_death
+        )
+        with channel:  # closed only once the tasks using it have exited
+            starting = Engine(config, info, tokenizer, processes)
+            async with trio.open_nursery() as frontend:
+                await frontend.start(starting.run, channel)
+                engine = starting
+                try:
+                    yield engine
+                finally:
+                    engine.fail(EngineDeadError("the engine shut down"))
+                    frontend.cancel_scope.cancel()
+        actors.cancel_scope.cancel()

@@ -1,0 +1,1 @@
+"""Messages between the actors, their codec, and the nng channels that carry them."""

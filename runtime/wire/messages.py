@@ -1,0 +1,192 @@
+"""Every message the actors exchange. The codec (`runtime.wire.codec`) carries them.
+
+Hot messages (`StepPlan`, `StepResult`, `StepOutputs`) are columnar: one tuple per field, one
+entry per sequence, so a step costs one message per direction whatever the batch size.
+
+Tags are part of the protocol between processes: never reuse or renumber one. Retired: 13.
+"""
+
+from __future__ import annotations
+
+from runtime.sampling_params import SamplingParams
+from runtime.wire.codec import message, register
+
+register(1)(SamplingParams)
+
+
+@message(2)
+class AddRequest:
+    """Frontend → scheduler: a new request with its prompt already tokenized.
+
+    `max_tokens` is resolved by the frontend (`params.max_tokens`, or up to the context limit).
+    """
+
+    rid: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    params: SamplingParams
+
+
+@message(3)
+class Submit:
+    """Frontend → scheduler: everything the frontend queued since its last message."""
+
+    adds: tuple[AddRequest, ...]
+    aborts: tuple[str, ...]
+
+
+@message(4)
+class Ping:
+    """Health probe, answered by a `Pong` with its nonce once every actor on the path saw it."""
+
+    nonce: int
+
+
+@message(5)
+class Pong:
+    """Answer to `Ping`: each actor on the way back attaches its statistics."""
+
+    nonce: int
+    scheduler: SchedulerStats | None
+    worker: WorkerStats | None
+
+
+@message(10)
+class NewSeq:
+    """Scheduler → worker: a sequence the worker has no state for (new, or back from preemption)."""
+
+    seq_id: int
+    token_ids: tuple[int, ...]
+    num_prompt_tokens: int
+    num_computed_tokens: int
+    params: SamplingParams
+
+
+@message(11)
+class StepPlan:
+    """Scheduler → worker: one engine step.
+
+    `seq_ids[i]` computes its next `num_tokens[i]` tokens; a token is sampled for it when that
+    reaches the end of its known tokens. `block_ids[j]` is appended to the block table of
+    `block_seq_ids[j]`, in order. `released` sequences are gone: the worker drops their state.
+    """
+
+    step: int
+    new_seqs: tuple[NewSeq, ...]
+    seq_ids: tuple[int, ...]
+    num_tokens: tuple[int, ...]
+    block_seq_ids: tuple[int, ...]
+    block_ids: tuple[int, ...]
+    released: tuple[int, ...]
+    queued: bool  # sent while an earlier step computed: the worker should find it waiting
+
+
+@message(12)
+class WorkerReady:
+    """Worker → scheduler, once the model is loaded: what the worker actually runs."""
+
+    num_kv_blocks: int
+    dtype: str  # the torch dtype of weights and KV cache, e.g. "bfloat16"
+    num_threads: int  # torch intra-op threads
+
+
+@message(14)
+class StepResult:
+    """Worker → scheduler: the token sampled for each sequence that finished its chunk."""
+
+    step: int
+    seq_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    stats: WorkerStats  # as of the end of this step
+
+
+@message(15)
+class WorkerStats:
+    """The worker's counters since it started."""
+
+    num_steps: int = 0
+    """Steps computed."""
+    prepare_seconds: float = 0.0
+    """Building each step's input tensors from its plan."""
+    forward_seconds: float = 0.0
+    """The model's forward passes."""
+    sample_seconds: float = 0.0
+    """Sampling, and reading the sampled tokens back."""
+    idle_seconds: float = 0.0
+    """Waiting for a plan that was queued behind the previous step (so could have been there);
+    what messaging and the scheduler cost the worker."""
+
+
+@message(20)
+class EngineReady:
+    """Scheduler → frontend, once: the engine accepts requests, and this is what it runs."""
+
+    max_model_len: int
+    max_steps_in_flight: int
+    worker: WorkerReady
+
+
+@message(21)
+class SchedulerStats:
+    """Gauges (now) and counters (since start) of the scheduler."""
+
+    num_running: int
+    """Sequences in the running batch."""
+    num_waiting: int
+    """Sequences queued: new, or preempted and waiting to be recomputed."""
+    num_free_blocks: int
+    """KV blocks held by no sequence (they may still hold a cached prefix)."""
+    num_total_blocks: int
+    """KV blocks in the pool."""
+    num_steps: int
+    """Steps scheduled."""
+    num_preemptions: int
+    """Sequences preempted to free KV blocks."""
+    num_aborts: int
+    """Abort messages received, including ones for already finished requests."""
+    num_generated_tokens: int
+    """Tokens handed back to requests."""
+    num_cached_tokens: int
+    """Prompt tokens the prefix cache saved from recomputation."""
+    schedule_seconds: float
+    """Deciding what each step computes."""
+    update_seconds: float
+    """Applying each step's sampled tokens: stops, freeing, prefix-cache registration."""
+    wait_seconds: float
+    """Waiting for the worker's results."""
+
+    @classmethod
+    def idle(cls, num_blocks: int) -> SchedulerStats:
+        """The figures of a scheduler that has done nothing yet."""
+        return cls(
+            num_running=0,
+            num_waiting=0,
+            num_free_blocks=num_blocks,
+            num_total_blocks=num_blocks,
+            num_steps=0,
+            num_preemptions=0,
+            num_aborts=0,
+            num_generated_tokens=0,
+            num_cached_tokens=0,
+            schedule_seconds=0.0,
+            update_seconds=0.0,
+            wait_seconds=0.0,
+        )
+
+
+@message(22)
+class StepOutputs:
+    """Scheduler → frontend: every request's new token from one step (or only fresh stats).
+
+    `finish_reasons[i]` is None while request `rids[i]` runs, else "stop" or "length".
+    `num_cached_tokens[i]` is how many prompt tokens the prefix cache supplied.
+    """
+
+    rids: tuple[str, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reasons: tuple[str | None, ...]
+    num_cached_tokens: tuple[int, ...]
+    scheduler: SchedulerStats
+    worker: WorkerStats  # the latest the scheduler has

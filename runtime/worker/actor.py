@@ -1,0 +1,92 @@
+"""The worker actor: owns the model and the KV cache, runs one batched step per `StepPlan`."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import trio
+
+from runtime.config import EngineConfig
+from runtime.wire.codec import WireError
+from runtime.wire.messages import Ping, Pong, StepPlan, StepResult, WorkerReady, WorkerStats
+from runtime.wire.transport import Channel, MessageChannel
+from runtime.worker.model_runner import ModelRunner, StepOutcome
+
+
+class WorkerActor:
+    def __init__(self, config: EngineConfig, progress: bool = False) -> None:
+        self.config = config
+        self.progress = progress
+        # In its own process the worker has nothing else to do while the model runs, so it
+        # runs it inline; sharing a trio loop with other actors, it runs it in one thread.
+        self.inline = config.mode == "process"
+        self._torch_thread = trio.CapacityLimiter(1)
+        self._stats = WorkerStats()
+
+    def statistics(self) -> WorkerStats:
+        return self._stats
+
+    async def serve(
+        self,
+        scheduler_address: str,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Dial the scheduler, then run."""
+        with Channel.dial(scheduler_address) as scheduler:
+            await self.run(scheduler, task_status=task_status)
+
+    async def run(
+        self,
+        scheduler: MessageChannel,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Load the model, report `WorkerReady`, then serve steps until cancelled."""
+        runner = await trio.to_thread.run_sync(
+            ModelRunner, self.config, self.progress, limiter=self._torch_thread
+        )
+        gc.collect()
+        gc.freeze()  # the model's objects live forever: keep them out of every GC pass
+        await scheduler.send(WorkerReady(runner.num_blocks, runner.dtype, runner.num_threads))
+        task_status.started()
+        finished = time.perf_counter()
+        while True:
+            msg = await scheduler.recv()
+            match msg:
+                case StepPlan():
+                    # waiting for a plan counts as idle only if it was queued behind the
+                    # previous step, i.e. it could have been here; else the engine had no work
+                    idle = time.perf_counter() - finished if msg.queued else 0.0
+                    outcome = await self._execute(runner, msg)
+                    self._count(outcome, idle)
+                    await scheduler.send(
+                        StepResult(
+                            msg.step,
+                            outcome.seq_ids,
+                            outcome.token_ids,
+                            outcome.logprobs,
+                            self._stats,
+                        )
+                    )
+                    finished = time.perf_counter()
+                case Ping(nonce=nonce):
+                    await scheduler.send(Pong(nonce, None, self._stats))
+                case _:
+                    raise WireError(f"worker got an unexpected {type(msg).__name__}")
+
+    async def _execute(self, runner: ModelRunner, plan: StepPlan) -> StepOutcome:
+        if self.inline:
+            return runner.execute(plan)
+        return await trio.to_thread.run_sync(runner.execute, plan, limiter=self._torch_thread)
+
+    def _count(self, outcome: StepOutcome, idle: float) -> None:
+        s = self._stats
+        self._stats = WorkerStats(
+            num_steps=s.num_steps + 1,
+            prepare_seconds=s.prepare_seconds + outcome.prepare_seconds,
+            forward_seconds=s.forward_seconds + outcome.forward_seconds,
+            sample_seconds=s.sample_seconds + outcome.sample_seconds,
+            idle_seconds=s.idle_seconds + idle,
+        )

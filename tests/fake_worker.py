@@ -1,0 +1,81 @@
+"""In-memory links and a model-free worker, to test the scheduler actor deterministically.
+
+`memory_pipe()` gives the two ends of a duplex link that speaks the real codec over trio memory
+channels: no sockets, no threads, so trio's `autojump_clock` and `wait_all_tasks_blocked` see
+everything. `fake_worker` speaks the worker's protocol with the worker's real `SeqTable`; the
+token it samples is a function of the sequence's tokens so far (`next_token`), so a test knows
+every request's output in advance.
+
+Nothing here imports torch: the import-rule tests run the scheduler actor with it.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from runtime.wire.codec import decode, encode
+from runtime.wire.messages import Ping, Pong, StepPlan, StepResult, WorkerReady, WorkerStats
+from runtime.wire.transport import MessageChannel
+from runtime.worker.seq_table import SeqTable
+
+VOCAB = 50
+
+
+class MemoryChannel(MessageChannel):
+    def __init__(
+        self, send: trio.MemorySendChannel[bytes], receive: trio.MemoryReceiveChannel[bytes]
+    ) -> None:
+        self._send, self._receive = send, receive
+
+    async def send(self, msg: object) -> None:
+        await self._send.send(encode(msg))
+
+    async def recv(self) -> object:
+        return decode(await self._receive.receive())
+
+
+def memory_pipe(buffer: int = 64) -> tuple[MemoryChannel, MemoryChannel]:
+    a_send, b_receive = trio.open_memory_channel[bytes](buffer)
+    b_send, a_receive = trio.open_memory_channel[bytes](buffer)
+    return MemoryChannel(a_send, a_receive), MemoryChannel(b_send, b_receive)
+
+
+def next_token(token_ids: list[int]) -> int:
+    return hash(tuple(token_ids)) % VOCAB  # ints hash the same in every run
+
+
+def expected_output(prompt: list[int], max_tokens: int, eos: int | None = None) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(max_tokens):
+        tokens.append(next_token(tokens))
+        if tokens[-1] == eos:
+            break
+    return tokens[len(prompt) :]
+
+
+async def fake_worker(scheduler: MessageChannel, num_kv_blocks: int) -> None:
+    table = SeqTable()
+    stats = WorkerStats()
+    await scheduler.send(WorkerReady(num_kv_blocks, "float32", 1))
+    while True:
+        msg = await scheduler.recv()
+        match msg:
+            case StepPlan():
+                seq_ids, token_ids = [], []
+                seqs = table.apply(msg)
+                for seq_id, seq, n in zip(msg.seq_ids, seqs, msg.num_tokens, strict=True):
+                    token = None
+                    if SeqTable.samples(seq, n):
+                        token = next_token(seq.token_ids)
+                        seq_ids.append(seq_id)
+                        token_ids.append(token)
+                    SeqTable.commit(seq, n, token)
+                stats = WorkerStats(num_steps=stats.num_steps + 1)
+                logprobs = (-1.0,) * len(seq_ids)
+                await scheduler.send(
+                    StepResult(msg.step, tuple(seq_ids), tuple(token_ids), logprobs, stats)
+                )
+            case Ping(nonce=nonce):
+                await scheduler.send(Pong(nonce, None, stats))
+            case _:
+                raise AssertionError(f"the worker got {msg!r}")
