@@ -205,7 +205,9 @@ class SchedulerActor:
 
 def plan_message(step: ScheduledStep) -> StepPlan:
     """The wire form of a step, as the worker's `SeqTable` applies it."""
-    start_of = {seq.seq_id: start for seq, start in zip(step.seqs, step.starts, strict=True)}
+    start_of: dict[int, int] = {}
+    if step.new_seqs:  # where each new sequence's part of this step starts
+        start_of = {seq.seq_id: start for seq, start in zip(step.seqs, step.starts, strict=True)}
     return StepPlan(
         step=step.step_id,
         # a new sequence's state as of this step's start: tokens are appended only by update()
