@@ -6,7 +6,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, Literal
 
 from quart import Response, jsonify
 from quart_trio import QuartTrio
@@ -41,7 +41,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
             outputs = merged(streams, state.metrics, app.nursery)
             return await sse_response(completion_events(outputs, head, req.include_usage))
         results = await collect_all(streams, state.metrics)
-        choices = [completion_choice(i, r.text, r) for i, r in enumerate(results)]
+        choices = [completion_choice(i, r) for i, r in enumerate(results)]
         return jsonify(head | {"choices": choices, "usage": usage(results)})
 
     @app.post("/v1/chat/completions")
@@ -72,10 +72,11 @@ def response_head(state: ServerState, request_id: str, kind: str) -> dict[str, A
     }
 
 
-def completion_choice(index: int, text: str, end: Collected | RequestOutput) -> dict[str, Any]:
+def completion_choice(index: int, end: Collected | RequestOutput) -> dict[str, Any]:
+    """A choice's last (or only) piece: its text, and why it ended."""
     return {
         "index": index,
-        "text": text,
+        "text": end.text,
         "logprobs": None,
         "finish_reason": end.finish_reason,
         "stop_reason": end.matched_stop,
@@ -83,7 +84,9 @@ def completion_choice(index: int, text: str, end: Collected | RequestOutput) -> 
 
 
 def chat_choice(
-    key: str, content: dict[str, Any], end: Collected | RequestOutput | None = None
+    key: Literal["message", "delta"],
+    content: dict[str, Any],
+    end: Collected | RequestOutput | None = None,
 ) -> dict[str, Any]:
     """A chat choice: `key` is "message" (whole) or "delta" (a streamed chunk)."""
     return {
@@ -119,7 +122,7 @@ async def completion_events(
             async for i, out in outputs:
                 results.setdefault(i, Collected()).add(out)
                 if out.finished:
-                    yield sse_event(head | {"choices": [completion_choice(i, out.text, out)]})
+                    yield sse_event(head | {"choices": [completion_choice(i, out)]})
                 elif out.text:
                     yield chunks.event(i, out.text)
     except Exception as exc:  # the status line is gone: report in-band, then end the stream

@@ -190,7 +190,11 @@ class NativeSamplingParams(SamplingFields):
     """SGLang's `sampling_params` object."""
 
     max_new_tokens: Annotated[int, Field(ge=1)] | None = 128
-    temperature: Annotated[float, Field(ge=0.0, le=100.0)] | None = None  # SGLang allows more
+    # SGLang's defaults, and no null: unlike OpenAI's fields (SGLang allows a hotter temperature)
+    temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Field(ge=-1)] = -1
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
 
 
 class GenerateRequest(Strict):

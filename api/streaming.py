@@ -23,7 +23,7 @@ from runtime.engine_client import EngineDeadError, RequestOutput
 
 SSE_DONE = b"data: [DONE]\n\n"
 
-Merged = AsyncGenerator[tuple[int, "RequestOutput"], None]  # (choice index, output): `merged`
+Merged = AsyncGenerator[tuple[int, RequestOutput], None]  # (choice index, output): `merged`
 
 
 def sse_event(payload: dict[str, Any]) -> bytes:

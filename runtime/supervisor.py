@@ -45,7 +45,7 @@ async def start_actors(
     """Start both actors; return the frontend's channel to the scheduler (not yet ready)
     and the child processes by role (none in inproc mode)."""
     if config.mode == "inproc":
-        # imported here: a process-mode parent never loads the worker (torch) or the scheduler
+        # imported here: a process-mode parent only spawns the actors, never imports them
         from runtime.scheduler.actor import SchedulerActor
         from runtime.worker.actor import WorkerActor
 

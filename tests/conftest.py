@@ -1,9 +1,15 @@
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from quart.typing import TestClientProtocol as QuartClient
 
+from api.app import create_app
+from api.state import ServerSettings
+from tests.api_helpers import MODEL
+from tests.fake_engine import FakeEngine
 from tools.tiny_model import make_tiny_model
 
 ARCHS = ("llama", "qwen2", "qwen3")
@@ -19,3 +25,18 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def llama_dir(model_dirs: dict[str, Path]) -> Path:
     return model_dirs["llama"]
+
+
+# -- the HTTP layer against a fake engine (tests/test_api*.py) --------------------------------
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine()
+
+
+@pytest.fixture
+async def client(engine: FakeEngine) -> AsyncIterator[QuartClient]:
+    app = create_app(engine, ServerSettings(served_model_name=MODEL))
+    async with app.test_app() as test_app:
+        yield test_app.test_client()

@@ -72,6 +72,9 @@ class CoreHarness:
             self.plans.append(plan)
         if self.pipeline.must_retire(scheduled):
             self._retire(abort_in_flight)
+        else:  # nothing computes this turn: they arrive before the next one
+            for rid in abort_in_flight:
+                self.abort(rid)
         self.check_invariants()
         return scheduled
 

@@ -105,6 +105,14 @@ class Engine(EngineClient):
         for answered in self._pongs.values():
             answered.set()
 
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.inputs.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
+
     # -- EngineClient --------------------------------------------------------------------
 
     @property
@@ -118,8 +126,11 @@ class Engine(EngineClient):
         *,
         rid: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """Raises ValueError for a bad prompt or parameters right away, before anything is
-        queued; the iterator raises EngineDeadError if the engine stops mid-request."""
+        """Generate from a prompt (text, or token ids); yields outputs as tokens come.
+
+        Raises ValueError for a bad prompt or parameters right away, before anything is
+        queued; the iterator raises EngineDeadError if the engine stops mid-request.
+        """
         params = params or SamplingParams()
         token_ids = self.inputs.prompt_token_ids(prompt)
         max_tokens = self.inputs.max_tokens(params, len(token_ids))

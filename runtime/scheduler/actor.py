@@ -119,9 +119,10 @@ class SchedulerActor:
             changed = await self._drain_inbox(worker)
             started = time.perf_counter()
             step = pipeline.schedule_next()
+            plan = plan_message(step) if step is not None else None
             self._schedule_seconds += time.perf_counter() - started
-            if step is not None:
-                await worker.send(plan_message(step))
+            if plan is not None:
+                await worker.send(plan)
             outputs: list[SampledToken] = []
             retired = pipeline.must_retire(step)
             if retired:

@@ -25,6 +25,7 @@ class WorkerActor:
         self._stats = WorkerStats()
 
     def statistics(self) -> WorkerStats:
+        """Counters since the worker started, as of the end of its latest step."""
         return self._stats
 
     async def serve(
@@ -67,12 +68,12 @@ class WorkerActor:
                             outcome.seq_ids,
                             outcome.token_ids,
                             outcome.logprobs,
-                            self._stats,
+                            self.statistics(),
                         )
                     )
                     finished = time.perf_counter()
                 case Ping(nonce=nonce):
-                    await scheduler.send(Pong(nonce, None, self._stats))
+                    await scheduler.send(Pong(nonce, None, self.statistics()))
                 case _:
                     raise WireError(f"worker got an unexpected {type(msg).__name__}")
 

@@ -1,0 +1,300 @@
+"""The HTTP layer against a fake engine: every error path, and the server carries on."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from quart.typing import TestClientProtocol as QuartClient
+
+from api.app import create_app
+from api.state import ServerSettings
+from tests.api_helpers import MODEL, sse_payloads
+from tests.fake_engine import FakeEngine
+
+BAD_REQUESTS = [
+    # (method, path, body, status, param, code)
+    ("POST", "/v1/completions", b"{not json", 400, None, "invalid_json"),
+    ("POST", "/v1/completions", b"[1, 2]", 400, None, "invalid_json"),
+    ("POST", "/v1/completions", {"prompt": "hi"}, 400, "model", "invalid_value"),
+    ("POST", "/v1/completions", {"model": MODEL}, 400, "prompt", "invalid_value"),
+    ("POST", "/v1/completions", {"model": MODEL, "prompt": 5}, 400, "prompt", "invalid_value"),
+    ("POST", "/v1/completions", {"model": MODEL, "prompt": ""}, 400, "prompt", "invalid_value"),
+    (
+        "POST",
+        "/v1/completions",
+        {"model": MODEL, "prompt": [1, -2]},
+        400,
+        "prompt",
+        "invalid_value",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "max_tokens": "5"},
+        400,
+        "max_tokens",
+        "invalid_value",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "max_tokens": 0},
+        400,
+        "max_tokens",
+        "invalid_value",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "temperature": -1},
+        400,
+        "temperature",
+        "invalid_value",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "top_p": 1.5},
+        400,
+        "top_p",
+        "invalid_value",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "stream": "yes"},
+        400,
+        "stream",
+        "invalid_value",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "stop": [""]},
+        400,
+        "stop",
+        "invalid_value",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "n": 2},
+        400,
+        "n",
+        "unsupported_parameter",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "best_of": 3},
+        400,
+        "best_of",
+        "unsupported_parameter",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "logprobs": 2},
+        400,
+        "logprobs",
+        "unsupported_parameter",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "presence_penalty": 0.5},
+        400,
+        "presence_penalty",
+        "unsupported_parameter",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": "hi",
+            "stream": True,
+            "stream_options": {"continuous_usage_stats": True},
+        },
+        400,
+        "stream_options.continuous_usage_stats",
+        "unsupported_parameter",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "frobnicate": 1},
+        400,
+        "frobnicate",
+        "unknown_parameter",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "x" * 64},
+        400,
+        None,
+        "context_length_exceeded",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {"model": "other", "prompt": "hi"},
+        404,
+        "model",
+        "model_not_found",
+    ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": []},
+        400,
+        "messages",
+        "invalid_value",
+    ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "bot"}]},
+        400,
+        "messages.0.role",
+        "invalid_value",
+    ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "logprobs": True},
+        400,
+        "logprobs",
+        "unsupported_parameter",
+    ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function"}],
+        },
+        400,
+        "tools",
+        "unsupported_parameter",
+    ),
+    ("POST", "/generate", {"sampling_params": {}}, 400, "text", "unsupported_parameter"),
+    (
+        "POST",
+        "/generate",
+        {"text": "a", "sampling_params": {"max_new_tokens": -1}},
+        400,
+        "sampling_params.max_new_tokens",
+        "invalid_value",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "seed": 2**64},
+        400,
+        "seed",
+        "invalid_value",
+    ),
+    (
+        "POST",
+        "/generate",
+        {"text": "a", "sampling_params": {"seed": -(2**63) - 1}},
+        400,
+        "sampling_params.seed",
+        "invalid_value",
+    ),
+    ("POST", "/detokenize", {"tokens": [500]}, 400, "tokens", None),
+    ("GET", "/v1/nowhere", None, 404, None, None),
+    ("GET", "/v1/completions", None, 405, None, None),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "param", "code"), BAD_REQUESTS)
+async def test_bad_requests_get_openai_errors_and_the_server_carries_on(
+    client: QuartClient,
+    engine: FakeEngine,
+    method: str,
+    path: str,
+    body: Any,
+    status: int,
+    param: str | None,
+    code: str | None,
+) -> None:
+    if isinstance(body, bytes):
+        response = await client.open(
+            path, method=method, data=body, headers={"Content-Type": "application/json"}
+        )
+    else:
+        response = await client.open(path, method=method, json=body)
+    assert response.status_code == status
+    error = (await response.get_json())["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"] and error["param"] == param and error["code"] == code
+    assert not engine.requests  # nothing was queued
+    ok = await client.post("/v1/completions", json={"model": MODEL, "prompt": "hi"})
+    assert ok.status_code == 200
+
+
+async def test_api_key(engine: FakeEngine) -> None:
+    app = create_app(engine, ServerSettings(served_model_name=MODEL, api_key="sesame"))
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        body = {"model": MODEL, "prompt": "hi"}
+        missing = await client.post("/v1/completions", json=body)
+        wrong = await client.post(
+            "/v1/completions", json=body, headers={"Authorization": "Bearer nope"}
+        )
+        right = await client.post(
+            "/v1/completions", json=body, headers={"Authorization": "Bearer sesame"}
+        )
+        assert (missing.status_code, wrong.status_code, right.status_code) == (401, 401, 200)
+        assert (await missing.get_json())["error"]["code"] == "invalid_api_key"
+        assert (await client.get("/health")).status_code == 200  # probes need no key
+
+
+async def test_overload_is_503(engine: FakeEngine) -> None:
+    app = create_app(engine, ServerSettings(served_model_name=MODEL, max_open_requests=2))
+    engine.open.update({"a", "b"})
+    async with app.test_app() as test_app:
+        response = await test_app.test_client().post(
+            "/v1/completions", json={"model": MODEL, "prompt": "hi"}
+        )
+        assert response.status_code == 503
+        assert (await response.get_json())["error"]["code"] == "overloaded"
+
+
+async def test_engine_failure_mid_stream_is_reported_in_band(engine: FakeEngine) -> None:
+    async def broken(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        raise RuntimeError("the engine died")
+        yield  # pragma: no cover
+
+    engine._run = broken  # type: ignore[method-assign]
+    app = create_app(engine, ServerSettings(served_model_name=MODEL))
+    async with app.test_app() as test_app:
+        response = await test_app.test_client().post(
+            "/v1/completions", json={"model": MODEL, "prompt": "hi", "stream": True}
+        )
+        chunks = sse_payloads(await response.get_data())
+        assert chunks[-1]["error"]["message"] == "the engine died"
+
+
+def test_text_chunk_templates_match_the_general_encoder() -> None:
+    from api.streaming import TextChunks, sse_event
+
+    head = {"id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m"}
+    chunks = TextChunks(
+        head, ',"text":', ',"logprobs":null,"finish_reason":null,"stop_reason":null'
+    )
+    for text in ["plain", 'quote " and \\ slash', "ünïcødé ✓\n\t", ""]:
+        choice = {
+            "index": 2,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": None,
+            "stop_reason": None,
+        }
+        assert chunks.event(2, text) == sse_event(head | {"choices": [choice]})
