@@ -94,12 +94,19 @@ class Collected:
 async def timed(
     stream: AsyncGenerator[RequestOutput, None], metrics: Metrics
 ) -> AsyncGenerator[RequestOutput, None]:
-    """The request's outputs, observed by the latency metrics as they pass."""
+    """The request's outputs, observed by the latency metrics as they pass.
+
+    A request the engine refuses once started (its id taken meanwhile by another request) is a
+    400 too, like one it refuses at once.
+    """
     timer = metrics.timer()
     async with aclosing(stream) as outputs:
-        async for out in outputs:
-            timer.tokens(len(out.token_ids))
-            yield out
+        try:
+            async for out in outputs:
+                timer.tokens(len(out.token_ids))
+                yield out
+        except ValueError as exc:
+            raise APIError(400, str(exc), code="invalid_value") from None
     timer.finish()
 
 

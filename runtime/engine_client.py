@@ -115,6 +115,10 @@ class EngineClient(Protocol):
         """Validate now (ValueError on bad input); the request is queued once iterated.
 
         Leaving the iteration early, or cancelling the iterating task, aborts the request.
+        `rid` is the caller's label for the request (outputs carry it, `abort` takes it): it
+        must not be the label of a request still open (ValueError, now or as the iteration
+        starts) and is free again as soon as that request has ended. The engine keys its own
+        state by ids it makes itself.
         """
         ...
 

@@ -43,6 +43,7 @@ class CoreHarness:
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
             eos_token_ids=frozenset({EOS}),
+            vocab_size=64,
         )
         self.depth = depth
         self.pipeline = StepPipeline(self.sched, depth)
@@ -58,6 +59,7 @@ class CoreHarness:
         self.sched.add(Sequence(self.next_seq_id, rid, prompt, params, max_tokens=max_tokens))
         self.next_seq_id += 1
         self.outputs[rid] = []
+        self.finished.pop(rid, None)  # an id may be reused once its request has ended
 
     def abort(self, rid: str) -> None:
         if self.sched.abort(rid):

@@ -44,11 +44,15 @@ def next_token(token_ids: list[int]) -> int:
     return hash(tuple(token_ids)) % VOCAB  # ints hash the same in every run
 
 
-def expected_output(prompt: list[int], max_tokens: int, eos: int | None = None) -> list[int]:
+def expected_output(
+    prompt: list[int], max_tokens: int, eos: int | frozenset[int] | None = None
+) -> list[int]:
+    """The tokens `fake_worker` produces for `prompt`, up to an EOS or `max_tokens`."""
+    stops = {eos} if isinstance(eos, int) else set(eos or ())
     tokens = list(prompt)
     for _ in range(max_tokens):
         tokens.append(next_token(tokens))
-        if tokens[-1] == eos:
+        if tokens[-1] in stops:
             break
     return tokens[len(prompt) :]
 
@@ -56,7 +60,7 @@ def expected_output(prompt: list[int], max_tokens: int, eos: int | None = None) 
 async def fake_worker(scheduler: MessageChannel, num_kv_blocks: int) -> None:
     table = SeqTable()
     stats = WorkerStats()
-    await scheduler.send(WorkerReady(num_kv_blocks, "float32", 1))
+    await scheduler.send(WorkerReady(num_kv_blocks, "float32", 1, VOCAB))
     while True:
         msg = await scheduler.recv()
         match msg:

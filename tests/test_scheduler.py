@@ -192,3 +192,43 @@ def test_no_interleaving_leaks_or_double_frees_a_block(
     h.run_until_idle()
     assert set(h.finished) == set(h.outputs)  # every request ended, exactly once
     assert h.bm.num_free_blocks == h.bm.num_blocks
+
+
+# -- property test: request ids reused, while live (refused) or once ended (fine) ----------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.integers(0, 4), prompts, st.integers(1, 8)),
+            st.tuples(st.just("step"), st.lists(st.integers(0, 4), max_size=2)),
+            st.tuples(st.just("abort"), st.integers(0, 4)),
+        ),
+        max_size=60,
+    ),
+    depth=st.sampled_from([1, 2]),
+)
+def test_reused_ids_never_corrupt_the_core(ops: list, depth: int) -> None:
+    """A live id is refused with ValueError and changes nothing; an ended one can be reused at
+    once, even while a step computed for its old request is still in flight."""
+    h = CoreHarness(num_blocks=16, block_size=2, max_num_batched_tokens=8, depth=depth)
+    accepted = 0
+    for op in ops:
+        if op[0] == "add":
+            _, k, prompt, max_tokens = op
+            rid = f"r{k}"
+            if rid in h.sched.by_rid:
+                with pytest.raises(ValueError, match="already in use"):
+                    h.add(rid, prompt, max_tokens)
+            else:
+                h.add(rid, prompt, max_tokens)
+                accepted += 1
+        elif op[0] == "step":
+            h.step(abort_in_flight=tuple(f"r{k}" for k in op[1]))
+        else:
+            h.abort(f"r{op[1]}")
+        h.check_invariants()
+    h.run_until_idle()
+    assert set(h.finished) == set(h.outputs) and accepted >= len(h.finished)
+    assert h.bm.num_free_blocks == h.bm.num_blocks

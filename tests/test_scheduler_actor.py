@@ -18,10 +18,11 @@ from runtime.wire.messages import (
     EngineReady,
     Ping,
     Pong,
+    Rejected,
     StepOutputs,
     Submit,
 )
-from tests.fake_worker import MemoryChannel, expected_output, fake_worker, memory_pipe
+from tests.fake_worker import VOCAB, MemoryChannel, expected_output, fake_worker, memory_pipe
 
 EOS = 7
 NUM_BLOCKS = 24
@@ -138,3 +139,34 @@ async def test_a_submit_while_idle_wakes_the_loop(autojump_clock: trio.testing.M
         tokens, reasons, last = await outputs_until_done(frontend, {"x"})
     assert tokens["x"] == expected_output([9, 9], 3) and reasons["x"] == "length"
     assert last.worker.num_steps >= 3
+
+
+async def test_a_request_it_cannot_serve_is_refused_alone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Whatever one request carries, the actor answers `Rejected` and serves everyone else."""
+    bad = [
+        add("vocab", [1, VOCAB], 3),  # a token id the model cannot embed
+        add("long", [1] * 60, 10),  # beyond max_model_len (64)
+        add("empty", [], 3),
+        add("good", [2, 3], 3, ignore_eos=True),
+        add("good", [4, 5], 3),  # an id that is live right now
+    ]
+    async with running_scheduler(2) as (frontend, _):
+        await frontend.send(Submit(tuple(bad), ()))
+        rejected: dict[str, str] = {}
+        tokens: list[int] = []
+        while True:
+            msg = await frontend.recv()
+            if isinstance(msg, Rejected):
+                rejected.setdefault(msg.rid, msg.reason)
+                continue
+            assert isinstance(msg, StepOutputs)
+            tokens += msg.token_ids
+            if "length" in msg.finish_reasons:
+                break
+        last = await last_report(frontend, msg)
+    assert sorted(rejected) == ["empty", "good", "long", "vocab"]
+    assert "already in use" in rejected["good"] and "max_model_len" in rejected["long"]
+    assert tokens == expected_output([2, 3], 3)
+    assert_exact_at_rest(last)

@@ -103,6 +103,30 @@ async def test_cancelling_our_client_aborts_the_request(server: ServerProcess) -
     assert wait_until(lambda: metric(server, "runtime:num_requests_running") == 0)
 
 
+async def test_a_request_id_is_a_label(server: ServerProcess) -> None:
+    """/generate's rid: taken while its request runs (400), free the moment it ends (even
+    while the scheduler still finishes the old one); text that is not Unicode is a 400."""
+    body = {"text": "The tuple", "rid": "mine", "sampling_params": {"max_new_tokens": 300}}
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+        for _ in range(4):
+            async with http.stream("POST", "/generate", json=body | {"stream": True}) as stream:
+                lines = stream.aiter_lines()  # held: a dropped iterator would close the stream
+                async for line in lines:
+                    if line.startswith("data: "):
+                        break  # it runs
+                clash = await http.post("/generate", json=body)
+                assert clash.status_code == 400, clash.text
+                assert "already in use" in clash.json()["error"]["message"]
+            # the stream is closed: a disconnect, and the id is free at once
+        short = {"sampling_params": {"max_new_tokens": 3}}
+        again = await http.post("/generate", json=body | short)
+        lone_surrogate = json.dumps(body | short | {"rid": "\ud800"})  # JSON allows it
+        odd = await http.post("/generate", content=lone_surrogate)
+    assert again.status_code == 200 and again.json()["meta_info"]["id"] == "mine"
+    assert odd.status_code == 400 and "unicode" in odd.json()["error"]["message"]
+    assert wait_until(lambda: metric(server, "runtime:num_requests_running") == 0)
+
+
 async def test_disconnect_is_abort(server: ServerProcess) -> None:
     """50 streams closed after 3 chunks each leave nothing running and no KV in use."""
     body = {

@@ -7,6 +7,10 @@
 A request lives in the task that iterates `generate`. Cancel that task, or stop iterating, and
 the request is aborted exactly once: its `finally` puts the abort in the outbox, a synchronous
 call that no cancellation can interrupt, and the sender task delivers it with the next `Submit`.
+
+The actors know a request by an id the engine makes (its `generate` call's number), never by
+the caller's `rid`: that is a label, unique among open requests, and free again once its
+request has ended, even while the scheduler is still finishing with the old one.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from runtime.wire.messages import (
     AddRequest,
     EngineReady,
     Pong,
+    Rejected,
     SchedulerStats,
     StepOutputs,
     WorkerStats,
@@ -67,7 +72,8 @@ class Engine(EngineClient):
         self.processes = processes or {}  # actor processes by role (process mode)
         self.ready: EngineReady | None = None  # what the actors run, once `run` has started
         self._outbox = Outbox()
-        self._streams: dict[str, RequestStream] = {}
+        self._streams: dict[str, RequestStream] = {}  # by the engine's own request id
+        self._labels: dict[str, str] = {}  # the caller's rid -> the engine's id, while open
         self._no_requests = trio.Event()
         self._no_requests.set()
         self._call_order = itertools.count()
@@ -134,20 +140,20 @@ class Engine(EngineClient):
         params = params or SamplingParams()
         token_ids = self.inputs.prompt_token_ids(prompt)
         max_tokens = self.inputs.max_tokens(params, len(token_ids))
-        rid = rid if rid is not None else uuid.uuid4().hex
-        self._check_rid_free(rid)
-        add = AddRequest(rid, token_ids, max_tokens, params)
-        return self._run(add, next(self._call_order))
+        label = rid if rid is not None else uuid.uuid4().hex
+        self._check_label_free(label)
+        order = next(self._call_order)
+        add = AddRequest(str(order), token_ids, max_tokens, params)
+        return self._run(label, add, order)
 
     def abort(self, rid: str) -> None:
-        stream = self._streams.get(rid)
-        if stream is not None:
-            stream.end("abort")
-            self._abort_upstream(rid, stream)
+        request_id = self._labels.get(rid)
+        if request_id is not None:
+            self._abort(request_id)
 
     def abort_all(self) -> None:
-        for rid in list(self._streams):
-            self.abort(rid)
+        for request_id in list(self._streams):
+            self._abort(request_id)
 
     async def wait_no_requests(self) -> None:
         await self._no_requests.wait()
@@ -180,14 +186,15 @@ class Engine(EngineClient):
 
     # -- requests ------------------------------------------------------------------------
 
-    async def _run(self, add: AddRequest, order: int) -> AsyncGenerator[RequestOutput, None]:
+    async def _run(
+        self, label: str, add: AddRequest, order: int
+    ) -> AsyncGenerator[RequestOutput, None]:
         self._check_alive()
         await trio.lowlevel.checkpoint_if_cancelled()  # already cancelled: queue nothing
-        self._check_rid_free(add.rid)
-        processor = OutputProcessor(
-            add.rid, self.inputs.tokenizer, add.prompt_token_ids, add.params
-        )
+        self._check_label_free(label)  # another request may have taken it since `generate`
+        processor = OutputProcessor(label, self.inputs.tokenizer, add.prompt_token_ids, add.params)
         stream = self._streams[add.rid] = RequestStream()
+        self._labels[label] = add.rid
         self._no_requests = trio.Event()
         self._outbox.add(order, add)
         self._prompt_tokens += len(add.prompt_token_ids)
@@ -203,20 +210,27 @@ class Engine(EngineClient):
                 if output.finished:
                     return
         finally:
-            del self._streams[add.rid]
+            del self._streams[add.rid], self._labels[label]
             self._abort_upstream(add.rid, stream)
             if not self._streams:
                 self._no_requests.set()
 
-    def _abort_upstream(self, rid: str, stream: RequestStream) -> None:
-        """Tell the scheduler to drop `rid`, unless it is done with it: exactly once."""
+    def _abort(self, request_id: str) -> None:
+        stream = self._streams[request_id]
+        stream.end("abort")
+        self._abort_upstream(request_id, stream)
+
+    def _abort_upstream(self, request_id: str, stream: RequestStream) -> None:
+        """Tell the scheduler to drop the request, unless it is done with it: exactly once."""
         if not stream.upstream_done:
             stream.upstream_done = True
-            self._outbox.abort(rid)
+            self._outbox.abort(request_id)
 
-    def _check_rid_free(self, rid: str) -> None:
-        if rid in self._streams:
-            raise ValueError(f"request id {rid!r} is already in use")
+    def _check_label_free(self, label: str) -> None:
+        if label in self._labels:
+            raise ValueError(
+                f"request id {label!r} is already in use by a request that has not ended"
+            )
 
     def _check_alive(self) -> None:
         if self._dead is not None:
@@ -251,6 +265,11 @@ class Engine(EngineClient):
                     started = time.perf_counter()
                     self._dispatch(msg)
                     self._dispatch_seconds += time.perf_counter() - started
+                case Rejected(rid=request_id, reason=reason):
+                    stream = self._streams.get(request_id)
+                    if stream is not None:
+                        stream.upstream_done = True  # the scheduler holds nothing of it
+                        stream.fail(ValueError(f"the request was refused: {reason}"))
                 case Pong(nonce=nonce, scheduler=scheduler, worker=worker):
                     self._scheduler_stats = scheduler or self._scheduler_stats
                     self._worker_stats = worker or self._worker_stats

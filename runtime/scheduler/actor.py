@@ -22,10 +22,12 @@ from runtime.scheduler.scheduler import SampledToken, ScheduledStep, Scheduler
 from runtime.scheduler.sequence import Sequence
 from runtime.wire.codec import WireError
 from runtime.wire.messages import (
+    AddRequest,
     EngineReady,
     NewSeq,
     Ping,
     Pong,
+    Rejected,
     SchedulerStats,
     StepOutputs,
     StepPlan,
@@ -71,7 +73,8 @@ class SchedulerActor:
         ready = await worker.recv()
         if not isinstance(ready, WorkerReady):
             raise WireError(f"expected WorkerReady, got {type(ready).__name__}")
-        self.pipeline = StepPipeline(self._make_core(ready.num_kv_blocks), self.depth)
+        core = self._make_core(ready.num_kv_blocks, ready.vocab_size)
+        self.pipeline = StepPipeline(core, self.depth)
         await frontend.send(EngineReady(self.config.max_model_len, self.depth, ready))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._receive_frontend, frontend)
@@ -82,7 +85,7 @@ class SchedulerActor:
     def depth(self) -> int:
         return self.config.max_steps_in_flight
 
-    def _make_core(self, num_blocks: int) -> Scheduler:
+    def _make_core(self, num_blocks: int, vocab_size: int) -> Scheduler:
         config = self.config
         return Scheduler(
             BlockManager(num_blocks, config.block_size, config.enable_prefix_caching),
@@ -90,6 +93,7 @@ class SchedulerActor:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=config.max_model_len,
             eos_token_ids=self.eos_token_ids,
+            vocab_size=vocab_size,
         )
 
     async def _receive_frontend(self, frontend: MessageChannel) -> None:
@@ -116,7 +120,7 @@ class SchedulerActor:
             if pipeline.idle and not self._inbox:
                 await self._inbox_changed.wait()  # nothing runs until a message comes
             self._inbox_changed = trio.Event()
-            changed = await self._drain_inbox(worker)
+            changed = await self._drain_inbox(worker, frontend)
             started = time.perf_counter()
             step = pipeline.schedule_next()
             plan = plan_message(step) if step is not None else None
@@ -131,7 +135,7 @@ class SchedulerActor:
             if outputs or changed or (retired and pipeline.idle):
                 await frontend.send(self._outputs_message(outputs))
 
-    async def _drain_inbox(self, worker: MessageChannel) -> bool:
+    async def _drain_inbox(self, worker: MessageChannel, frontend: MessageChannel) -> bool:
         """Apply what the frontend sent; True if requests were added or aborted."""
         inbox, self._inbox = self._inbox, []
         submitted = False
@@ -140,16 +144,9 @@ class SchedulerActor:
                 case Submit(adds=adds, aborts=aborts):
                     submitted = True
                     for add in adds:
-                        # the frontend validated it: a failure here is a bug, and should be loud
-                        seq = Sequence(
-                            self._next_seq_id,
-                            add.rid,
-                            list(add.prompt_token_ids),
-                            add.params,
-                            max_tokens=add.max_tokens,
-                        )
-                        self.pipeline.scheduler.add(seq)
-                        self._next_seq_id += 1
+                        reason = self._add(add)
+                        if reason is not None:
+                            await frontend.send(Rejected(add.rid, reason))
                     for rid in aborts:
                         self.pipeline.scheduler.abort(rid)
                     self._num_aborts += len(aborts)
@@ -158,6 +155,23 @@ class SchedulerActor:
                 case _:
                     raise WireError(f"scheduler got an unexpected {type(msg).__name__}")
         return submitted
+
+    def _add(self, add: AddRequest) -> str | None:
+        """Queue a request; why not, if it cannot be served. The frontend validated it, but a
+        request's data must never be able to stop the actor that everyone shares."""
+        try:
+            seq = Sequence(
+                self._next_seq_id,
+                add.rid,
+                list(add.prompt_token_ids),
+                add.params,
+                max_tokens=add.max_tokens,
+            )
+            self.pipeline.scheduler.add(seq)
+        except ValueError as exc:
+            return str(exc)
+        self._next_seq_id += 1
+        return None
 
     async def _retire(self) -> list[SampledToken]:
         """Wait for the oldest step's result and apply it."""

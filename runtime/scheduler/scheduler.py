@@ -60,12 +60,14 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         eos_token_ids: frozenset[int],
+        vocab_size: int,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
+        self.vocab_size = vocab_size
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.by_rid: dict[str, Sequence] = {}
@@ -77,8 +79,11 @@ class Scheduler:
     # -- intake --------------------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
+        """Queue a new sequence; ValueError (and nothing changes) if it cannot be served."""
         if seq.rid in self.by_rid:
             raise ValueError(f"request id {seq.rid!r} is already in use")
+        if not all(0 <= t < self.vocab_size for t in seq.token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
         if seq.num_prompt_tokens + seq.max_tokens > self.max_model_len:
             raise ValueError(
                 f"prompt ({seq.num_prompt_tokens}) + max_tokens ({seq.max_tokens}) "

@@ -88,6 +88,7 @@ class WorkerReady:
     num_kv_blocks: int
     dtype: str  # the torch dtype of weights and KV cache, e.g. "bfloat16"
     num_threads: int  # torch intra-op threads
+    vocab_size: int  # token ids the model can embed: the scheduler refuses others
 
 
 @message(14)
@@ -173,6 +174,14 @@ class SchedulerStats:
             update_seconds=0.0,
             wait_seconds=0.0,
         )
+
+
+@message(23)
+class Rejected:
+    """Scheduler → frontend: a request it would not take; it fails alone, the engine goes on."""
+
+    rid: str
+    reason: str
 
 
 @message(22)

@@ -50,7 +50,13 @@ class WorkerActor:
         )
         gc.collect()
         gc.freeze()  # the model's objects live forever: keep them out of every GC pass
-        await scheduler.send(WorkerReady(runner.num_blocks, runner.dtype, runner.num_threads))
+        ready = WorkerReady(
+            num_kv_blocks=runner.num_blocks,
+            dtype=runner.dtype,
+            num_threads=runner.num_threads,
+            vocab_size=runner.info.vocab_size,
+        )
+        await scheduler.send(ready)
         task_status.started()
         finished = time.perf_counter()
         while True:

@@ -1,0 +1,148 @@
+"""Any interleaving of requests (reused ids, stop strings, disconnects, cancels, aborts) leaves
+the engine serving, ends every request once, crosses no streams and frees every block.
+
+The engine is the real frontend and scheduler actor with the model-free worker of
+tests/fake_worker.py over in-memory links (so hypothesis can try hundreds of programs, each on
+trio's autojump clock); the worker's tokens are known in advance, so any token that reaches the
+wrong request shows.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from pathlib import Path
+
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from runtime.config import EngineConfig
+from runtime.frontend.engine import Engine
+from runtime.model_info import ModelInfo, load_model_info
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler.actor import SchedulerActor
+from tests.fake_worker import expected_output, fake_worker, memory_pipe
+
+NUM_BLOCKS = 24
+LABELS = "abc"
+
+
+@functools.cache
+def model_files(model: str) -> tuple[ModelInfo, PreTrainedTokenizerBase]:
+    info = load_model_info(EngineConfig(model=model))
+    return info, AutoTokenizer.from_pretrained(model)
+
+
+@asynccontextmanager
+async def fake_engine(model: Path, depth: int) -> AsyncIterator[Engine]:
+    config = EngineConfig(
+        model=str(model),
+        mode="inproc",
+        max_model_len=64,
+        block_size=4,
+        max_num_seqs=3,
+        max_num_batched_tokens=12,
+        max_steps_in_flight=depth,
+    )
+    info, tokenizer = model_files(str(model))
+    frontend, scheduler_frontend = memory_pipe()
+    worker, scheduler_worker = memory_pipe()
+    engine = Engine(config, info, tokenizer)
+    async with trio.open_nursery() as nursery:
+        scheduler = SchedulerActor(config, info.eos_token_ids)
+        nursery.start_soon(scheduler.run, scheduler_frontend, scheduler_worker)
+        nursery.start_soon(fake_worker, worker, NUM_BLOCKS)
+        await nursery.start(engine.run, frontend)
+        yield engine
+        nursery.cancel_scope.cancel()
+
+
+# ("start", label, prompt, max_tokens, stop strings, how it ends, after how many outputs)
+starts = st.tuples(
+    st.just("start"),
+    st.sampled_from(LABELS),
+    st.lists(st.integers(3, 49), min_size=1, max_size=12),
+    st.integers(1, 20),
+    st.lists(st.sampled_from("ABC:;"), max_size=2),
+    st.sampled_from(["read", "leave", "cancel"]),
+    st.integers(0, 4),
+)
+programs = st.lists(
+    st.one_of(
+        starts,
+        st.tuples(st.just("abort"), st.sampled_from(LABELS)),
+        st.tuples(st.just("wait"), st.integers(0, 3)),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(program=programs, depth=st.sampled_from([1, 2]))
+def test_no_interleaving_crashes_crosses_or_leaks(
+    llama_dir: Path, program: list, depth: int
+) -> None:
+    trio.run(
+        run_program, llama_dir, program, depth, clock=trio.testing.MockClock(autojump_threshold=0)
+    )
+
+
+async def run_program(model: Path, program: list, depth: int) -> None:
+    outcomes: list[tuple[str, list[int], list[int]]] = []  # (how it ended, tokens, expected)
+    async with fake_engine(model, depth) as engine:
+        eos = engine.info.eos_token_ids
+        with trio.fail_after(600):  # on the autojump clock: only a real hang gets here
+            async with trio.open_nursery() as clients:
+                for op in program:
+                    if op[0] == "start":
+                        clients.start_soon(one_request, engine, op, eos, outcomes)
+                        await trio.lowlevel.checkpoint()
+                    elif op[0] == "abort":
+                        engine.abort(op[1])
+                    else:
+                        await trio.sleep(op[1])
+            await trio.sleep(1)  # let the last aborts reach the scheduler
+            stats = await engine.fetch_statistics()
+            await engine.check_health()
+    for ended, tokens, expected in outcomes:
+        assert tokens == expected[: len(tokens)], "a request got tokens that are not its own"
+        if ended in ("length", "stop") and "stop string" not in ended:
+            assert ended != "length" or tokens == expected
+    assert stats.frontend.num_requests_open == 0
+    assert stats.scheduler.num_running == stats.scheduler.num_waiting == 0
+    assert stats.scheduler.num_free_blocks == NUM_BLOCKS  # every block back
+
+
+async def one_request(
+    engine: Engine,
+    op: tuple,
+    eos: frozenset[int],
+    outcomes: list[tuple[str, list[int], list[int]]],
+) -> None:
+    _, label, prompt, max_tokens, stops, how, after = op
+    params = SamplingParams(max_tokens=max_tokens, stop=tuple(stops))
+    expected = expected_output(prompt, max_tokens, eos)
+    tokens: list[int] = []
+    finishes: list[str] = []
+    try:
+        with trio.CancelScope() as scope:
+            async with aclosing(engine.generate(prompt, params, rid=label)) as outputs:
+                async for out in outputs:
+                    tokens += out.token_ids
+                    if out.finish_reason is not None:
+                        finishes.append(out.finish_reason)
+                    if how != "read" and len(tokens) >= after:
+                        if how == "cancel":
+                            scope.cancel()
+                        break
+    except ValueError as exc:  # its label belongs to a request still open: refused
+        assert "by a request that has not ended" in str(exc) and not tokens
+        return
+    assert len(finishes) <= 1, "a request ended twice"
+    if how == "read" and not scope.cancelled_caught:
+        assert finishes, "a request read to its end never ended"
+    outcomes.append((finishes[0] if finishes else how, tokens, expected))
