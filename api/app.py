@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import hmac
 import time
 
 import trio
@@ -51,8 +52,15 @@ def _register_basics(app: QuartTrio, state: ServerState) -> None:
         key = state.settings.api_key
         if key is None or request.path in _PUBLIC:
             return
-        if request.headers.get("Authorization", "") != f"Bearer {key}":
-            raise APIError(401, "missing or wrong API key", code="invalid_api_key")
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        # constant time: how long a wrong key takes must not tell how much of it was right
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), key.encode()):
+            raise APIError(
+                401,
+                "missing or wrong API key",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
     @app.get("/health")
     async def health() -> Response:
@@ -133,4 +141,5 @@ def _register_errors(app: QuartTrio) -> None:
 def _error_response(error: APIError) -> Response:
     response = jsonify(error.body())
     response.status_code = error.status
+    response.headers.update(error.headers)
     return response

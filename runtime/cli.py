@@ -16,6 +16,7 @@ from pathlib import Path
 
 import trio
 
+from runtime import ipc_dir
 from runtime.config import EngineConfig, parse_size
 
 logger = logging.getLogger("runtime")
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.max_open_requests < 1:
             raise ValueError("--max-open-requests must be at least 1")
+        args.api_key = api_key(args)
         config = engine_config(args)
     except ValueError as exc:
         parser.error(str(exc))
@@ -103,7 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=4096,
         help="requests open at once (running, waiting or streaming) beyond which new ones get 503",
     )
-    serve.add_argument("--api-key", default=os.environ.get("RUNTIME_API_KEY"))
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("RUNTIME_API_KEY"),
+        help="require `Authorization: Bearer KEY` (default: $RUNTIME_API_KEY)",
+    )
+    serve.add_argument(
+        "--api-key-file", type=Path, help="read the key from this file (it stays out of `ps`)"
+    )
     serve.add_argument(
         "--drain-timeout",
         type=float,
@@ -118,6 +127,20 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3"])
     make.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """The key from --api-key-file, --api-key or $RUNTIME_API_KEY. An empty one is an error:
+    it would protect nothing, or lock everyone out."""
+    key = args.api_key
+    if args.api_key_file is not None:
+        try:
+            key = args.api_key_file.read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"--api-key-file: {exc}") from None
+    if key is not None and not key.strip():
+        raise ValueError("the API key (--api-key-file, --api-key or RUNTIME_API_KEY) is empty")
+    return key
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -220,6 +243,7 @@ async def watch_signals(shutdown: trio.Event, drain_timeout: float) -> None:
         async for signum in signals:
             if shutdown.is_set():
                 logger.warning("second signal: exiting now")
+                ipc_dir.remove_all()  # no `finally` runs past os._exit
                 os._exit(1)  # children see their stdin close and exit too
             logger.info("%s: shutting down", signal.Signals(signum).name)
             shutdown.set()
@@ -237,6 +261,7 @@ def arm_hard_exit(seconds: float, status: int) -> None:
 def _hard_exit(status: int) -> None:
     logger.warning("shutdown is stuck (a client stopped reading?): exiting anyway")
     logging.shutdown()
+    ipc_dir.remove_all()  # no `finally` runs past os._exit
     os._exit(status)
 
 

@@ -14,14 +14,13 @@ child still there after STOP_GRACE seconds; children ignore SIGTERM (see actor_m
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Awaitable, Callable
 
 import trio
 
+from runtime import ipc_dir
 from runtime.config import EngineConfig
 from runtime.wire.transport import Channel, inproc_address, ipc_address
 
@@ -54,7 +53,7 @@ async def start_actors(
         await nursery.start(scheduler.serve, frontend_address, worker_address)  # can be dialed
         nursery.start_soon(WorkerActor(config, progress).serve, worker_address)
         return Channel.dial(frontend_address), {}
-    directory = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # short: unix socket paths are
+    directory = ipc_dir.make()
     nursery.start_soon(_remove_on_exit, directory)
     frontend_address = ipc_address(directory, "frontend")
     worker_address = ipc_address(directory, "worker")
@@ -110,4 +109,4 @@ async def _remove_on_exit(directory: str) -> None:
     try:
         await trio.sleep_forever()
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        ipc_dir.remove(directory)

@@ -251,8 +251,16 @@ async def test_api_key(engine: FakeEngine) -> None:
         right = await client.post(
             "/v1/completions", json=body, headers={"Authorization": "Bearer sesame"}
         )
+        lower = await client.post(
+            "/v1/completions", json=body, headers={"Authorization": "bearer sesame"}
+        )
+        no_scheme = await client.post(
+            "/v1/completions", json=body, headers={"Authorization": "sesame"}
+        )
         assert (missing.status_code, wrong.status_code, right.status_code) == (401, 401, 200)
+        assert (lower.status_code, no_scheme.status_code) == (200, 401)  # the scheme: any case
         assert (await missing.get_json())["error"]["code"] == "invalid_api_key"
+        assert missing.headers["WWW-Authenticate"] == "Bearer"
         assert (await client.get("/health")).status_code == 200  # probes need no key
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from runtime import ipc_dir
 from runtime.config import EngineConfig
 from runtime.engine_client import EngineDeadError
 from runtime.frontend.engine import open_engine
@@ -53,11 +55,15 @@ async def test_children_die_when_the_parent_is_sigkilled(llama_dir: Path) -> Non
             line += await parent.stdout.receive_some()
         children = [int(pid) for pid in line.split()]
         assert len(children) == 2
+        folders = glob.glob(f"{ipc_dir.ROOT}/rt-{parent.pid}-*")
+        assert len(folders) == 1
         parent.send_signal(signal.SIGKILL)
         await parent.wait()
         with trio.fail_after(10):
             for pid in children:
                 await wait_for_exit(pid)
+        # nothing could remove its folder: the next server's sweep does
+        assert folders[0] in ipc_dir.sweep_stale()
     finally:
         parent.kill()
         await parent.wait()

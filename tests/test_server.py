@@ -352,5 +352,6 @@ def test_a_stalled_reader_cannot_block_shutdown(llama_dir: Path) -> None:
             assert proc.process.wait(timeout=30) == 0
         assert "shutdown is stuck" in proc.log
         assert wait_until(lambda: not any(pid_alive(p) for p in children), timeout=10)
+        assert not list(Path("/tmp").glob(f"rt-{proc.process.pid}-*"))  # os._exit: removed
     finally:
         proc.terminate()
