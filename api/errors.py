@@ -59,7 +59,10 @@ _SHAPES = {
 
 def from_validation_error(exc: ValidationError) -> APIError:
     """The first problem pydantic found, named by its field path (e.g. `messages.0.role`)."""
-    first = exc.errors(include_url=False)[0]
+    errors = exc.errors(include_url=False)
+    # text that is not Unicode (a lone surrogate, which JSON can carry) says so, whatever
+    # other shapes the field would also have accepted
+    first = next((e for e in errors if e["type"] == "string_unicode"), errors[0])
     path: list[str] = []
     for part in first["loc"]:
         if not (isinstance(part, int) or str(part).isidentifier()):
@@ -68,7 +71,9 @@ def from_validation_error(exc: ValidationError) -> APIError:
     param = ".".join(path) or None
     if first["type"] == "extra_forbidden":
         return APIError(400, f"unknown field {param!r}", param=param, code="unknown_parameter")
-    if len(path) < len(first["loc"]) and path and path[-1] in _SHAPES:
+    if first["type"] == "string_unicode":
+        message = f"{param}: is not valid Unicode text (a lone surrogate?)"
+    elif len(path) < len(first["loc"]) and path and path[-1] in _SHAPES:
         message = f"{param}: {_SHAPES[path[-1]]}"
     else:
         message = f"{param}: {first['msg']}" if param else str(first["msg"])

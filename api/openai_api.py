@@ -32,9 +32,9 @@ def register(app: QuartTrio, state: ServerState) -> None:
     async def completions() -> Response:
         req = await state.parse(CompletionRequest)
         state.check_model(req.model)
-        state.admit()
-        head = response_head(state, f"cmpl-{uuid.uuid4().hex}", "text_completion")
         prompts = req.prompts()
+        state.admit(len(prompts))
+        head = response_head(state, f"cmpl-{uuid.uuid4().hex}", "text_completion")
         rids = [f"{head['id']}-{i}" for i in range(len(prompts))]
         streams = state.start(prompts, req.sampling_params(req.max_tokens), rids)
         if req.stream:

@@ -12,7 +12,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from api.errors import APIError, unsupported
 from runtime.engine_client import SamplingParams
 
+# Caps on the lists a client controls, so that no request costs the others more than its share
+# (each stop string is searched for in every new piece of text, each stop token id per token).
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_LENGTH = 1024
+MAX_STOP_TOKEN_IDS = 1024
+MAX_PROMPTS = 128  # prompts in one /v1/completions request, each a sequence
+
 NonEmptyStr = Annotated[str, Field(min_length=1)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_LENGTH)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 Seed = Annotated[int, Field(ge=-(2**63), lt=2**64)]  # what the sampler's 64-bit hash takes
 
@@ -39,8 +47,10 @@ class SamplingFields(Strict):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Field(ge=-1)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    stop: NonEmptyStr | list[NonEmptyStr] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: (
+        Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_STOP_TOKEN_IDS)] | None
+    ) = None
     seed: Seed | None = None
     ignore_eos: bool = False
 
@@ -105,7 +115,11 @@ class Sampling(SamplingFields):
 
 class CompletionRequest(Sampling):
     model: str
-    prompt: NonEmptyStr | TokenIds | Annotated[list[NonEmptyStr | TokenIds], Field(min_length=1)]
+    prompt: (
+        NonEmptyStr
+        | TokenIds
+        | Annotated[list[NonEmptyStr | TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
+    )
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     best_of: int | None = None
     logprobs: int | None = None

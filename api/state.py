@@ -17,6 +17,8 @@ from runtime.engine_client import EngineClient, RequestOutput, SamplingParams
 
 Model = TypeVar("Model", bound=BaseModel)
 
+RETRY = {"Retry-After": "1"}  # seconds: capacity frees up as requests end, usually soon
+
 
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
@@ -50,7 +52,9 @@ class ServerState:
         raw = await request.get_data()
         try:
             body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except RecursionError:
+            raise APIError(400, "the body is nested too deeply", code="invalid_json") from None
+        except ValueError as exc:  # bad JSON, bad UTF-8, or an integer of over 4300 digits
             raise APIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
         if not isinstance(body, dict):
             raise APIError(400, "the body must be a JSON object", code="invalid_json")
@@ -65,12 +69,26 @@ class ServerState:
                 404, f"The model `{name}` does not exist.", param="model", code="model_not_found"
             )
 
-    def admit(self) -> None:
-        """Refuse new work while draining or over capacity (503: clients should retry)."""
+    def admit(self, num_sequences: int = 1) -> None:
+        """Refuse new work while draining or over capacity (503: clients should retry).
+
+        Capacity counts sequences: a completion with 50 prompts is 50 open requests.
+        """
+        limit = self.settings.max_open_requests
+        if num_sequences > limit:
+            raise APIError(
+                400,
+                f"{num_sequences} prompts in one request, but this server runs at most {limit} "
+                "at once",
+                param="prompt",
+                code="too_many_prompts",
+            )
         if self.draining:
-            raise APIError(503, "the server is shutting down", code="shutting_down")
-        if self.engine.statistics().frontend.num_requests_open >= self.settings.max_open_requests:
-            raise APIError(503, "the server is overloaded; retry later", code="overloaded")
+            raise APIError(503, "the server is shutting down", code="shutting_down", headers=RETRY)
+        if self.engine.statistics().frontend.num_requests_open + num_sequences > limit:
+            raise APIError(
+                503, "the server is overloaded; retry later", code="overloaded", headers=RETRY
+            )
 
     def start(
         self, prompts: Sequence[str | list[int]], params: SamplingParams, rids: list[str]

@@ -264,15 +264,54 @@ async def test_api_key(engine: FakeEngine) -> None:
         assert (await client.get("/health")).status_code == 200  # probes need no key
 
 
-async def test_overload_is_503(engine: FakeEngine) -> None:
-    app = create_app(engine, ServerSettings(served_model_name=MODEL, max_open_requests=2))
-    engine.open.update({"a", "b"})
+async def test_overload_is_503_and_counts_sequences(engine: FakeEngine) -> None:
+    app = create_app(engine, ServerSettings(served_model_name=MODEL, max_open_requests=4))
     async with app.test_app() as test_app:
-        response = await test_app.test_client().post(
-            "/v1/completions", json={"model": MODEL, "prompt": "hi"}
-        )
-        assert response.status_code == 503
-        assert (await response.get_json())["error"]["code"] == "overloaded"
+        client = test_app.test_client()
+        engine.open.update({"a", "b"})
+        three = {"model": MODEL, "prompt": ["x", "y", "z"]}
+        full = await client.post("/v1/completions", json=three)  # 2 open + 3 > 4
+        assert full.status_code == 503 and full.headers["Retry-After"] == "1"
+        assert (await full.get_json())["error"]["code"] == "overloaded"
+        never = await client.post("/v1/completions", json={"model": MODEL, "prompt": ["x"] * 5})
+        assert never.status_code == 400  # more than it could ever run at once: no retry
+        assert (await never.get_json())["error"]["code"] == "too_many_prompts"
+        engine.open.clear()
+        assert (await client.post("/v1/completions", json=three)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"model": "fake-model", "prompt": "x", "seed": ' + b"9" * 5000 + b"}", "4300 digits"),
+        (b'{"model": "fake-model", "prompt": "\\ud800"}', "not valid Unicode"),
+    ],
+)
+async def test_pathological_json_is_a_400(client: QuartClient, body: bytes, message: str) -> None:
+    response = await client.post(
+        "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 400
+    assert message in (await response.get_json())["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("stop", ["s"] * 65),
+        ("stop", "s" * 1025),
+        ("stop_token_ids", [1] * 1025),
+        ("prompt", ["p"] * 129),
+    ],
+)
+async def test_lists_a_client_controls_are_capped(
+    client: QuartClient, field: str, value: object
+) -> None:
+    body = {"model": MODEL, "prompt": "x", field: value}
+    response = await client.post("/v1/completions", json=body)
+    assert response.status_code == 400
+    assert (await response.get_json())["error"]["param"] == field
 
 
 async def test_engine_failure_mid_stream_is_reported_in_band(engine: FakeEngine) -> None:

@@ -123,7 +123,7 @@ async def test_a_request_id_is_a_label(server: ServerProcess) -> None:
         lone_surrogate = json.dumps(body | short | {"rid": "\ud800"})  # JSON allows it
         odd = await http.post("/generate", content=lone_surrogate)
     assert again.status_code == 200 and again.json()["meta_info"]["id"] == "mine"
-    assert odd.status_code == 400 and "unicode" in odd.json()["error"]["message"]
+    assert odd.status_code == 400 and "not valid Unicode" in odd.json()["error"]["message"]
     assert wait_until(lambda: metric(server, "runtime:num_requests_running") == 0)
 
 

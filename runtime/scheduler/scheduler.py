@@ -218,7 +218,7 @@ class Scheduler:
         params = seq.params
         if not params.ignore_eos and token_id in self.eos_token_ids:
             return "stop"
-        if token_id in params.stop_token_ids:
+        if token_id in seq.stop_token_ids:
             return "stop"
         known = len(seq.token_ids)
         if known - seq.num_prompt_tokens >= seq.max_tokens or known >= self.max_model_len:

@@ -35,6 +35,7 @@ class Sequence:
         "rid",
         "seq_id",
         "status",
+        "stop_token_ids",
         "token_ids",
     )
 
@@ -57,6 +58,7 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.max_tokens = max_tokens  # resolved by the frontend: never None here
+        self.stop_token_ids = frozenset(params.stop_token_ids)  # checked for every token
         self.num_computed_tokens = 0
         self.num_pending_tokens = 0  # sampled by steps in flight, values not known yet
         self.num_cached_tokens = -1  # prompt tokens from the prefix cache; -1 until admitted
