@@ -97,11 +97,8 @@ def _register_basics(app: QuartTrio, state: ServerState) -> None:
         param, text, special = "prompt", req.prompt or "", req.add_special_tokens
         if req.messages is not None:
             param, special = "messages", False
-            text = state.chat_text([m.as_dict() for m in req.messages])
-        try:
-            tokens = state.engine.tokenize(text, add_special_tokens=special)
-        except ValueError as exc:
-            raise APIError(400, str(exc), param=param) from None
+            text = await state.chat_text([m.as_dict() for m in req.messages])
+        tokens = await state.encode(text, param=param, add_special_tokens=special)
         card = state.engine.model_card
         return jsonify(
             {"count": len(tokens), "max_model_len": card.max_model_len, "tokens": tokens}
@@ -112,7 +109,7 @@ def _register_basics(app: QuartTrio, state: ServerState) -> None:
         req = await state.parse(DetokenizeRequest)
         state.check_model(req.model)
         try:
-            text = state.engine.detokenize(req.tokens)
+            text = await state.engine.detokenize(req.tokens)
         except ValueError as exc:
             raise APIError(400, str(exc), param="tokens") from None
         return jsonify({"prompt": text})

@@ -30,7 +30,8 @@ def register(app: QuartTrio, state: ServerState) -> None:
         req = await state.parse(GenerateRequest)
         state.admit()
         rid = req.rid or uuid.uuid4().hex
-        streams = state.start([req.prompt()], req.params(), [rid])
+        (prompt,) = await state.encode_all([req.prompt()])
+        streams = state.start([prompt], req.params(), [rid])
         if req.stream:
             return await sse_response(events(merged(streams, state.metrics, app.nursery), rid))
         (result,) = await collect_all(streams, state.metrics)

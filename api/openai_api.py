@@ -34,9 +34,10 @@ def register(app: QuartTrio, state: ServerState) -> None:
         state.check_model(req.model)
         prompts = req.prompts()
         state.admit(len(prompts))
+        token_ids = await state.encode_all(prompts)
         head = response_head(state, f"cmpl-{uuid.uuid4().hex}", "text_completion")
         rids = [f"{head['id']}-{i}" for i in range(len(prompts))]
-        streams = state.start(prompts, req.sampling_params(req.max_tokens), rids)
+        streams = state.start(token_ids, req.sampling_params(req.max_tokens), rids)
         if req.stream:
             outputs = merged(streams, state.metrics, app.nursery)
             return await sse_response(completion_events(outputs, head, req.include_usage))
@@ -50,7 +51,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
         state.check_model(req.model)
         state.admit()
         params = req.sampling_params(req.max_output_tokens)
-        prompt = state.chat_prompt(req.conversation())
+        prompt = await state.chat_prompt(req.conversation())
         head = response_head(state, f"chatcmpl-{uuid.uuid4().hex}", "chat.completion")
         streams = state.start([prompt], params, [head["id"]])
         if req.stream:

@@ -103,16 +103,24 @@ class ServerState:
             code = "context_length_exceeded" if "context" in str(exc) else "invalid_value"
             raise APIError(400, str(exc), code=code) from None
 
-    def chat_text(self, conversation: list[dict[str, str]]) -> str:
+    async def encode(self, text: str, *, param: str, add_special_tokens: bool = True) -> list[int]:
+        """The text's token ids, or a 400 naming `param` (off the event loop if it is long)."""
         try:
-            return self.engine.apply_chat_template(conversation)
+            return await self.engine.tokenize(text, add_special_tokens=add_special_tokens)
+        except ValueError as exc:  # not text (a lone surrogate), or it cannot fit the context
+            code = "context_length_exceeded" if "context" in str(exc) else "invalid_value"
+            raise APIError(400, str(exc), param=param, code=code) from None
+
+    async def encode_all(self, prompts: Sequence[str | list[int]]) -> list[list[int]]:
+        return [p if isinstance(p, list) else await self.encode(p, param="prompt") for p in prompts]
+
+    async def chat_text(self, conversation: list[dict[str, str]]) -> str:
+        try:
+            return await self.engine.apply_chat_template(conversation)
         except ValueError as exc:
             raise APIError(400, str(exc), param="messages") from None
 
-    def chat_prompt(self, conversation: list[dict[str, str]]) -> list[int]:
+    async def chat_prompt(self, conversation: list[dict[str, str]]) -> list[int]:
         # the template already holds whatever special tokens (BOS...) the model wants
-        text = self.chat_text(conversation)
-        try:
-            return self.engine.tokenize(text, add_special_tokens=False)
-        except ValueError as exc:  # e.g. a lone surrogate, which JSON can carry
-            raise APIError(400, str(exc), param="messages") from None
+        text = await self.chat_text(conversation)
+        return await self.encode(text, param="messages", add_special_tokens=False)

@@ -146,10 +146,16 @@ class EngineClient(Protocol):
         """Fresh statistics, reflecting everything submitted before the call."""
         ...
 
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a text (ValueError if it cannot be text, or cannot fit the context).
 
-    def detokenize(self, token_ids: Sequence[int]) -> str: ...
+        Async: a long text is tokenized off the event loop. Serving layers tokenize prompts
+        with it and hand `generate` the ids.
+        """
+        ...
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+    async def detokenize(self, token_ids: Sequence[int]) -> str: ...
+
+    async def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         """Render a conversation with the model's chat template, ready to generate the reply."""
         ...

@@ -46,7 +46,7 @@ class FakeEngine(EngineClient):
         rid: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         params = params or SamplingParams()
-        token_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        token_ids = self._encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not token_ids:
             raise ValueError("the prompt is empty")
         if len(token_ids) >= self.max_model_len:
@@ -123,15 +123,23 @@ class FakeEngine(EngineClient):
         )
         return EngineStats(frontend, scheduler, WorkerStats())
 
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        await trio.lowlevel.checkpoint()
+        text.encode()  # a lone surrogate is a ValueError, as in the engine
+        return self._encode(text)
+
+    @staticmethod
+    def _encode(text: str) -> list[int]:
         return [ord(c) % 100 for c in text]
 
-    def detokenize(self, token_ids: Sequence[int]) -> str:
+    async def detokenize(self, token_ids: Sequence[int]) -> str:
+        await trio.lowlevel.checkpoint()
         if any(t >= 100 for t in token_ids):
             raise ValueError("token ids must be ints in [0, 100)")
         return "".join(chr(t + 32) for t in token_ids)
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+    async def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        await trio.lowlevel.checkpoint()
         turns = (f"<{m['role']}{':' + m['name'] if 'name' in m else ''}>" for m in messages)
         return (
             "".join(t + m["content"] for t, m in zip(turns, messages, strict=True)) + "<assistant>"

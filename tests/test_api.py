@@ -97,7 +97,7 @@ async def test_chat_and_streamed_chat(client: QuartClient, engine: FakeEngine) -
     assert body["object"] == "chat.completion"
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "alpha beta "}
     prompt, _, _ = engine.requests[0]
-    assert prompt == engine.tokenize("<system>be brief<user:ann>hello<assistant>")
+    assert prompt == await engine.tokenize("<system>be brief<user:ann>hello<assistant>")
     response = await client.post(
         "/v1/chat/completions",
         json={"model": MODEL, "messages": messages, "max_tokens": 2, "stream": True},

@@ -77,7 +77,8 @@ class Engine(EngineClient):
         self._no_requests = trio.Event()
         self._no_requests.set()
         self._call_order = itertools.count()
-        self._pongs: dict[int, trio.Event] = {}
+        self._pongs: dict[int, trio.Event] = {}  # pings awaiting their answer
+        self._answers: dict[int, Pong] = {}
         self._nonces = itertools.count()
         self._dead: BaseException | None = None
         self._prompt_tokens = 0
@@ -172,17 +173,20 @@ class Engine(EngineClient):
 
     async def fetch_statistics(self) -> EngineStats:
         """Fresh statistics: a round trip through both actors, after all earlier submissions."""
-        await self._ping()
-        return self.statistics()
+        answer = await self._ping()
+        now = self.statistics()
+        return EngineStats(
+            now.frontend, answer.scheduler or now.scheduler, answer.worker or now.worker
+        )
 
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.inputs.tokenize(text, add_special_tokens)
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return await self.inputs.tokenize_async(text, add_special_tokens)
 
-    def detokenize(self, token_ids: Sequence[int]) -> str:
-        return self.inputs.detokenize(token_ids)
+    async def detokenize(self, token_ids: Sequence[int]) -> str:
+        return await self.inputs.detokenize_async(token_ids)
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        return self.inputs.apply_chat_template(messages)
+    async def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        return await self.inputs.apply_chat_template_async(messages)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -238,7 +242,8 @@ class Engine(EngineClient):
 
     # -- actor tasks ---------------------------------------------------------------------
 
-    async def _ping(self) -> None:
+    async def _ping(self) -> Pong:
+        """A round trip through both actors, after everything queued before it."""
         self._check_alive()
         nonce = next(self._nonces)
         answered = self._pongs[nonce] = trio.Event()
@@ -247,7 +252,10 @@ class Engine(EngineClient):
             await answered.wait()
         finally:
             del self._pongs[nonce]
+            answer = self._answers.pop(nonce, None)
         self._check_alive()  # woken by `fail`, not by a Pong
+        assert answer is not None
+        return answer
 
     async def _send_loop(self, channel: MessageChannel) -> None:
         while True:
@@ -274,6 +282,7 @@ class Engine(EngineClient):
                     self._scheduler_stats = scheduler or self._scheduler_stats
                     self._worker_stats = worker or self._worker_stats
                     if nonce in self._pongs:
+                        self._answers[nonce] = msg
                         self._pongs[nonce].set()
                 case _:
                     raise WireError(f"frontend got an unexpected {type(msg).__name__}")

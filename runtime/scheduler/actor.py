@@ -47,6 +47,7 @@ class SchedulerActor:
         self.eos_token_ids = eos_token_ids
         self.worker_stats = WorkerStats()  # the latest the worker sent
         self._inbox: list[object] = []
+        self._pongs: list[int] = []  # the worker answered these pings: relay them
         self._inbox_changed = trio.Event()
         self._results_send, self._results = trio.open_memory_channel[StepResult](1)
         self._next_seq_id = 0
@@ -108,16 +109,19 @@ class SchedulerActor:
             match msg:
                 case StepResult():
                     await self._results_send.send(msg)
-                case Pong(nonce=nonce, worker=stats):  # the whole path answered
+                case Pong(nonce=nonce, worker=stats):  # the step loop relays it
                     self.worker_stats = stats or self.worker_stats
-                    await frontend.send(Pong(nonce, self.statistics(), self.worker_stats))
+                    self._pongs.append(nonce)
+                    self._inbox_changed.set()
                 case _:
                     raise WireError(f"scheduler got an unexpected {type(msg).__name__}")
 
     async def _step_loop(self, frontend: MessageChannel, worker: MessageChannel) -> None:
+        """The only task that sends to the frontend, so what it reads is in the order our
+        statistics were taken: a snapshot is never followed by an older one."""
         pipeline = self.pipeline
         while True:
-            if pipeline.idle and not self._inbox:
+            if pipeline.idle and not self._inbox and not self._pongs:
                 await self._inbox_changed.wait()  # nothing runs until a message comes
             self._inbox_changed = trio.Event()
             changed = await self._drain_inbox(worker, frontend)
@@ -134,6 +138,9 @@ class SchedulerActor:
             # at rest the frontend gets a last report, so its snapshot of our stats is exact
             if outputs or changed or (retired and pipeline.idle):
                 await frontend.send(self._outputs_message(outputs))
+            pongs, self._pongs = self._pongs, []
+            for nonce in pongs:  # the whole path answered
+                await frontend.send(Pong(nonce, self.statistics(), self.worker_stats))
 
     async def _drain_inbox(self, worker: MessageChannel, frontend: MessageChannel) -> bool:
         """Apply what the frontend sent; True if requests were added or aborted."""

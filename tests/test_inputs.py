@@ -1,0 +1,73 @@
+"""Prompt validation in the frontend: tokens as `transformers` makes them, long texts refused
+before any tokenizing, and tokenizing that leaves the event loop free."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from runtime.frontend.inputs import INLINE_CHARS, InputProcessor
+
+
+@pytest.fixture(scope="module")
+def tokenizer(llama_dir: Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(llama_dir)
+
+
+@pytest.fixture
+def inputs(tokenizer: PreTrainedTokenizerBase) -> InputProcessor:
+    return InputProcessor(tokenizer, vocab_size=4096, max_model_len=512)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=80) | st.sampled_from(["<|im_start|>user\nhi<|im_end|>\n", ""]))
+def test_tokens_are_the_ones_transformers_makes(
+    tokenizer: PreTrainedTokenizerBase, text: str
+) -> None:
+    inputs = InputProcessor(tokenizer, vocab_size=4096, max_model_len=512)
+    for special in (True, False):
+        expected = tokenizer.encode(text, add_special_tokens=special)
+        assert inputs.tokenize(text, add_special_tokens=special) == expected
+
+
+def test_a_text_that_cannot_fit_is_refused_before_it_is_tokenized(
+    inputs: InputProcessor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("tokenized a text that could not fit")
+
+    monkeypatch.setattr(inputs, "_backend", None)
+    monkeypatch.setattr(inputs.tokenizer, "encode", never)
+    huge = "All work and no play. " * 500_000  # 11 MB
+    with pytest.raises(ValueError, match=r"bytes, so over \d+ tokens, and this model's context"):
+        inputs.tokenize(huge)
+    with pytest.raises(ValueError, match="context"):
+        inputs.check_fits(*["x" * 60_000] * 20)  # a chat: its messages together
+
+
+def test_the_bound_never_refuses_a_text_that_fits(inputs: InputProcessor) -> None:
+    """Texts of exactly max_model_len tokens, of the longest tokens the vocabulary has."""
+    vocab = inputs.tokenizer.get_vocab()
+    longest = max(vocab, key=lambda t: len(t.encode()))
+    text = inputs.tokenizer.decode([vocab[longest]] * 512)
+    inputs.check_fits(text)
+
+
+async def test_a_long_text_is_tokenized_in_a_thread(inputs: InputProcessor) -> None:
+    """While it is tokenized, other tasks run: the event loop is not held."""
+    text = "def f(x): return x + 1\n" * (4 * INLINE_CHARS // 23)
+    ran_meanwhile = trio.Event()
+
+    async def other() -> None:
+        ran_meanwhile.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        ids = await inputs.tokenize_async(text)
+        assert ran_meanwhile.is_set()
+    assert ids == inputs.tokenizer.encode(text)
