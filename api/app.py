@@ -14,10 +14,10 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from api import native_api, openai_api
-from api.errors import APIError, engine_stopped
+from api.errors import APIError, engine_stopped, timed_out
 from api.schemas import DetokenizeRequest, TokenizeRequest
 from api.state import ServerSettings, ServerState
-from runtime.engine_client import EngineClient, EngineDeadError
+from runtime.engine_client import EngineClient, EngineDeadError, RequestTimeoutError
 
 # Paths anyone may read without the API key: probes and scrapers rarely carry one.
 _PUBLIC = frozenset({"/health", "/metrics"})
@@ -128,6 +128,10 @@ def _register_errors(app: QuartTrio) -> None:
     @app.errorhandler(EngineDeadError)
     async def engine_dead(error: EngineDeadError) -> Response:
         return _error_response(engine_stopped(error))
+
+    @app.errorhandler(RequestTimeoutError)
+    async def request_timeout(error: RequestTimeoutError) -> Response:
+        return _error_response(timed_out(error))
 
     @app.errorhandler(Exception)
     async def internal_error(error: Exception) -> Response:

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from runtime.engine_client import EngineDeadError
+from runtime.engine_client import EngineDeadError, RequestTimeoutError
 
 _TYPES = {
     400: "invalid_request_error",
@@ -82,6 +82,10 @@ def from_validation_error(exc: ValidationError) -> APIError:
 
 def engine_stopped(error: EngineDeadError) -> APIError:
     return APIError(503, f"the engine stopped: {error}", code="engine_dead")
+
+
+def timed_out(error: RequestTimeoutError) -> APIError:
+    return APIError(408, str(error), code="request_timeout")
 
 
 def unsupported(param: str, why: str) -> APIError:

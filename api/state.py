@@ -29,12 +29,15 @@ class ServerSettings:
         api_key: if set, required as `Authorization: Bearer <key>` (except /health, /metrics).
         max_open_requests: more open requests than this get 503 until some finish.
         health_timeout: seconds the actors get to answer a /health ping.
+        request_timeout: seconds a request may run before it ends with a 408 error (None:
+            no limit).
     """
 
     served_model_name: str
     api_key: str | None = None
     max_open_requests: int = 4096
     health_timeout: float = 5.0
+    request_timeout: float | None = None
 
 
 @dataclass(slots=True)
@@ -96,7 +99,7 @@ class ServerState:
         """Validate every prompt before any is queued; a bad one is a 400 for the whole request."""
         try:
             return [
-                self.engine.generate(prompt, params, rid=rid)
+                self.engine.generate(prompt, params, rid=rid, timeout=self.settings.request_timeout)
                 for prompt, rid in zip(prompts, rids, strict=True)
             ]
         except ValueError as exc:

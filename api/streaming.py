@@ -17,9 +17,9 @@ from typing import Any
 import trio
 from quart import Response, make_response
 
-from api.errors import APIError, engine_stopped
+from api.errors import APIError, engine_stopped, timed_out
 from api.metrics import Metrics
-from runtime.engine_client import EngineDeadError, RequestOutput
+from runtime.engine_client import EngineDeadError, RequestOutput, RequestTimeoutError
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -177,6 +177,8 @@ def error_event(exc: Exception) -> bytes:
         error = exc
     elif isinstance(exc, EngineDeadError):
         error = engine_stopped(exc)
+    elif isinstance(exc, RequestTimeoutError):
+        error = timed_out(exc)
     else:
         error = APIError(500, str(exc) or type(exc).__name__)
     return sse_event(error.body())

@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.max_open_requests < 1:
             raise ValueError("--max-open-requests must be at least 1")
+        if args.request_timeout < 0:
+            raise ValueError("--request-timeout must be positive, or 0 for no limit")
         args.api_key = api_key(args)
         config = engine_config(args)
     except ValueError as exc:
@@ -112,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--api-key-file", type=Path, help="read the key from this file (it stays out of `ps`)"
+    )
+    serve.add_argument(
+        "--request-timeout",
+        type=float,
+        default=0.0,
+        help="seconds a request may run before it ends with a 408 error (0: no limit)",
     )
     serve.add_argument(
         "--drain-timeout",
@@ -200,6 +208,7 @@ async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: t
                 served_model_name=name,
                 api_key=args.api_key,
                 max_open_requests=args.max_open_requests,
+                request_timeout=args.request_timeout or None,
             )
             # server_stopped is set once the server nursery has exited, however it exits
             async with _set_on_exit(server_stopped), trio.open_nursery() as server:

@@ -21,6 +21,7 @@ __all__ = [
     "FrontendStats",
     "ModelCard",
     "RequestOutput",
+    "RequestTimeoutError",
     "SamplingParams",
     "SchedulerStats",
     "WorkerStats",
@@ -29,6 +30,10 @@ __all__ = [
 
 class EngineDeadError(RuntimeError):
     """The engine stopped (an actor died, or it shut down) while the request was running."""
+
+
+class RequestTimeoutError(RuntimeError):
+    """The request ran past its `timeout`; the engine aborted it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +116,7 @@ class EngineClient(Protocol):
         params: SamplingParams | None = None,
         *,
         rid: str | None = None,
+        timeout: float | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Validate now (ValueError on bad input); the request is queued once iterated.
 
@@ -118,7 +124,8 @@ class EngineClient(Protocol):
         `rid` is the caller's label for the request (outputs carry it, `abort` takes it): it
         must not be the label of a request still open (ValueError, now or as the iteration
         starts) and is free again as soon as that request has ended. The engine keys its own
-        state by ids it makes itself.
+        state by ids it makes itself. With a `timeout` (seconds from the first iteration), a
+        request still running then is aborted and the iterator raises RequestTimeoutError.
         """
         ...
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ from runtime.engine_client import (
     FrontendStats,
     ModelCard,
     RequestOutput,
+    RequestTimeoutError,
     SamplingParams,
     SchedulerStats,
     WorkerStats,
@@ -44,6 +46,7 @@ class FakeEngine(EngineClient):
         params: SamplingParams | None = None,
         *,
         rid: str | None = None,
+        timeout: float | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         params = params or SamplingParams()
         token_ids = self._encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -53,10 +56,10 @@ class FakeEngine(EngineClient):
             raise ValueError(f"this model's maximum context length is {self.max_model_len}")
         rid = rid or f"r{len(self.requests)}"
         self.requests.append((prompt, params, rid))
-        return self._run(rid, len(token_ids), params)
+        return self._run(rid, len(token_ids), params, timeout)
 
     async def _run(
-        self, rid: str, prompt_len: int, params: SamplingParams
+        self, rid: str, prompt_len: int, params: SamplingParams, limit: float | None = None
     ) -> AsyncGenerator[RequestOutput, None]:
         self.open.add(rid)
         done = False
@@ -64,7 +67,10 @@ class FakeEngine(EngineClient):
             count = params.max_tokens or 4
             for i in range(count):
                 if self.step is not None:
-                    await self.step.wait()
+                    with trio.move_on_after(limit or math.inf) as waiting:
+                        await self.step.wait()
+                    if waiting.cancelled_caught:
+                        raise RequestTimeoutError("the request ran past its timeout")
                 await trio.lowlevel.checkpoint()
                 word = WORDS[i % len(WORDS)]
                 stop = next((s for s in params.stop if s in word), None)

@@ -11,6 +11,8 @@ Nothing here imports torch: the import-rule tests run the scheduler actor with i
 
 from __future__ import annotations
 
+import math
+
 import trio
 
 from runtime.wire.codec import decode, encode
@@ -57,13 +59,19 @@ def expected_output(
     return tokens[len(prompt) :]
 
 
-async def fake_worker(scheduler: MessageChannel, num_kv_blocks: int) -> None:
+async def fake_worker(
+    scheduler: MessageChannel, num_kv_blocks: int, hang_after: float = math.inf
+) -> None:
+    """The worker's protocol without a model; after `hang_after` steps it stops answering
+    (alive, not stepping: a hung GPU)."""
     table = SeqTable()
     stats = WorkerStats()
     await scheduler.send(WorkerReady(num_kv_blocks, "float32", 1, VOCAB))
     while True:
         msg = await scheduler.recv()
         match msg:
+            case StepPlan() if stats.num_steps >= hang_after:
+                await trio.sleep_forever()
             case StepPlan():
                 seq_ids, token_ids = [], []
                 seqs = table.apply(msg)

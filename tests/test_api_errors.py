@@ -6,6 +6,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 from quart.typing import TestClientProtocol as QuartClient
 
 from api.app import create_app
@@ -345,3 +347,21 @@ def test_text_chunk_templates_match_the_general_encoder() -> None:
             "stop_reason": None,
         }
         assert chunks.event(2, text) == sse_event(head | {"choices": [choice]})
+
+
+async def test_a_request_past_the_request_timeout_is_a_408(
+    engine: FakeEngine, autojump_clock: trio.testing.MockClock
+) -> None:
+    engine.step = trio.Event()  # never set: the engine never produces a token
+    settings = ServerSettings(served_model_name=MODEL, request_timeout=10)
+    app = create_app(engine, settings)
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        whole = await client.post("/v1/completions", json={"model": MODEL, "prompt": "hi"})
+        assert whole.status_code == 408
+        assert (await whole.get_json())["error"]["code"] == "request_timeout"
+        body = {"model": MODEL, "prompt": "hi", "stream": True}
+        streamed = await client.post("/v1/completions", json=body)
+        chunks = sse_payloads(await streamed.get_data())
+        assert chunks[-1]["error"]["code"] == "request_timeout"
+    assert not engine.open  # the requests ended

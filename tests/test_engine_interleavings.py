@@ -10,10 +10,12 @@ wrong request shows.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 from hypothesis import given, settings
@@ -21,6 +23,7 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from runtime.config import EngineConfig
+from runtime.engine_client import RequestTimeoutError
 from runtime.frontend.engine import Engine
 from runtime.model_info import ModelInfo, load_model_info
 from runtime.sampling_params import SamplingParams
@@ -38,7 +41,9 @@ def model_files(model: str) -> tuple[ModelInfo, PreTrainedTokenizerBase]:
 
 
 @asynccontextmanager
-async def fake_engine(model: Path, depth: int) -> AsyncIterator[Engine]:
+async def fake_engine(
+    model: Path, depth: int, hang_after: float = math.inf
+) -> AsyncIterator[Engine]:
     config = EngineConfig(
         model=str(model),
         mode="inproc",
@@ -55,7 +60,7 @@ async def fake_engine(model: Path, depth: int) -> AsyncIterator[Engine]:
     async with trio.open_nursery() as nursery:
         scheduler = SchedulerActor(config, info.eos_token_ids)
         nursery.start_soon(scheduler.run, scheduler_frontend, scheduler_worker)
-        nursery.start_soon(fake_worker, worker, NUM_BLOCKS)
+        nursery.start_soon(fake_worker, worker, NUM_BLOCKS, hang_after)
         await nursery.start(engine.run, frontend)
         yield engine
         nursery.cancel_scope.cancel()
@@ -146,3 +151,18 @@ async def one_request(
     if how == "read" and not scope.cancelled_caught:
         assert finishes, "a request read to its end never ended"
     outcomes.append((finishes[0] if finishes else how, tokens, expected))
+
+
+async def test_a_request_past_its_timeout_ends_with_an_error(
+    llama_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A hung worker (alive, not stepping) holds a request with a timeout no longer than it."""
+    async with fake_engine(llama_dir, depth=2, hang_after=3) as engine:
+        tokens: list[int] = []
+        with pytest.raises(RequestTimeoutError, match="30 s timeout"):
+            async for out in engine.generate([5, 6], SamplingParams(max_tokens=50), timeout=30):
+                tokens += out.token_ids
+        assert 0 < len(tokens) < 50
+        assert engine.statistics().frontend.num_requests_open == 0  # its slot is free
+        with pytest.raises(ValueError, match="timeout must be positive"):
+            engine.generate([5], timeout=0)

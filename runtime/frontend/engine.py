@@ -16,6 +16,7 @@ request has ended, even while the scheduler is still finishing with the old one.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -32,6 +33,7 @@ from runtime.engine_client import (
     FrontendStats,
     ModelCard,
     RequestOutput,
+    RequestTimeoutError,
 )
 from runtime.frontend.inputs import InputProcessor
 from runtime.frontend.outbox import Outbox
@@ -132,6 +134,7 @@ class Engine(EngineClient):
         params: SamplingParams | None = None,
         *,
         rid: str | None = None,
+        timeout: float | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Generate from a prompt (text, or token ids); yields outputs as tokens come.
 
@@ -141,11 +144,13 @@ class Engine(EngineClient):
         params = params or SamplingParams()
         token_ids = self.inputs.prompt_token_ids(prompt)
         max_tokens = self.inputs.max_tokens(params, len(token_ids))
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
         label = rid if rid is not None else uuid.uuid4().hex
         self._check_label_free(label)
         order = next(self._call_order)
         add = AddRequest(str(order), token_ids, max_tokens, params)
-        return self._run(label, add, order)
+        return self._run(label, add, order, timeout or math.inf)
 
     def abort(self, rid: str) -> None:
         request_id = self._labels.get(rid)
@@ -191,7 +196,7 @@ class Engine(EngineClient):
     # -- requests ------------------------------------------------------------------------
 
     async def _run(
-        self, label: str, add: AddRequest, order: int
+        self, label: str, add: AddRequest, order: int, time_limit: float
     ) -> AsyncGenerator[RequestOutput, None]:
         self._check_alive()
         await trio.lowlevel.checkpoint_if_cancelled()  # already cancelled: queue nothing
@@ -202,9 +207,13 @@ class Engine(EngineClient):
         self._no_requests = trio.Event()
         self._outbox.add(order, add)
         self._prompt_tokens += len(add.prompt_token_ids)
+        deadline = trio.current_time() + time_limit
         try:
             while True:
-                tokens = await stream.next_output()
+                with trio.move_on_at(deadline) as waiting:  # within one step, never over a yield
+                    tokens = await stream.next_output()
+                if waiting.cancelled_caught:
+                    raise RequestTimeoutError(f"the request ran past its {time_limit:g} s timeout")
                 started = time.perf_counter()
                 output = processor.process(tokens)
                 self._detokenize_seconds += time.perf_counter() - started
