@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -58,26 +59,55 @@ _SHAPES = {
 
 
 def from_validation_error(exc: ValidationError) -> APIError:
-    """The first problem pydantic found, named by its field path (e.g. `messages.0.role`)."""
+    """The most telling problem pydantic found, named by its path (`messages[0].content[1].type`).
+
+    Of a field that takes several shapes, the shape that went deepest into the input is the one
+    the client meant (a list of parts, say, rather than a string); text that is not Unicode (a
+    lone surrogate, which JSON can carry) is reported as that, whatever the shapes.
+    """
     errors = exc.errors(include_url=False)
-    # text that is not Unicode (a lone surrogate, which JSON can carry) says so, whatever
-    # other shapes the field would also have accepted
-    first = next((e for e in errors if e["type"] == "string_unicode"), errors[0])
-    path: list[str] = []
-    for part in first["loc"]:
-        if not (isinstance(part, int) or str(part).isidentifier()):
-            break  # the name of a union alternative, not a field
-        path.append(str(part))
-    param = ".".join(path) or None
+    unicode = [e for e in errors if e["type"] == "string_unicode"]
+    first = unicode[0] if unicode else max(errors, key=_telling)
+    parts = _path(first["loc"])
+    param = _render(parts) or None
     if first["type"] == "extra_forbidden":
         return APIError(400, f"unknown field {param!r}", param=param, code="unknown_parameter")
     if first["type"] == "string_unicode":
         message = f"{param}: is not valid Unicode text (a lone surrogate?)"
-    elif len(path) < len(first["loc"]) and path and path[-1] in _SHAPES:
-        message = f"{param}: {_SHAPES[path[-1]]}"
+    elif parts and parts[-1] in _SHAPES and first["type"].endswith("_type"):  # no shape fits
+        message = f"{param}: {_SHAPES[str(parts[-1])]}"
+    elif first["type"] == "literal_error":  # e.g. a content part of a type we do not take
+        message = f"{param}: {first['input']!r} is not supported: {first['msg']}"
     else:
         message = f"{param}: {first['msg']}" if param else str(first["msg"])
     return APIError(400, message, param=param, code="invalid_value")
+
+
+def _telling(error: Any) -> tuple[bool, int]:
+    """A wrong value is more telling than a wrong type (the input may be of another shape the
+    field takes), and a deeper problem than a shallower one."""
+    return not error["type"].endswith("_type"), len(_path(error["loc"]))
+
+
+def _path(loc: tuple[int | str, ...]) -> list[int | str]:
+    """The fields and indexes of a location, without the names of union alternatives
+    (`str`, `list[TextPart]`, `constrained-str`...): field names are snake_case words."""
+    return [
+        part
+        for part in loc
+        if isinstance(part, int) or (_FIELD.fullmatch(part) and part not in _TYPE_NAMES)
+    ]
+
+
+def _render(parts: list[int | str]) -> str:
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else part
+    return text
+
+
+_FIELD = re.compile(r"[a-z_][a-z0-9_]*")
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
 def engine_stopped(error: EngineDeadError) -> APIError:

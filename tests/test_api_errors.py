@@ -28,7 +28,7 @@ BAD_REQUESTS = [
         "/v1/completions",
         {"model": MODEL, "prompt": [1, -2]},
         400,
-        "prompt",
+        "prompt[1]",
         "invalid_value",
     ),
     (
@@ -76,7 +76,7 @@ BAD_REQUESTS = [
         "/v1/completions",
         {"model": MODEL, "prompt": "hi", "stop": [""]},
         400,
-        "stop",
+        "stop[0]",
         "invalid_value",
     ),
     (
@@ -161,7 +161,7 @@ BAD_REQUESTS = [
         "/v1/chat/completions",
         {"model": MODEL, "messages": [{"role": "bot"}]},
         400,
-        "messages.0.role",
+        "messages[0].role",
         "invalid_value",
     ),
     (
@@ -280,6 +280,14 @@ async def test_overload_is_503_and_counts_sequences(engine: FakeEngine) -> None:
         assert (await never.get_json())["error"]["code"] == "too_many_prompts"
         engine.open.clear()
         assert (await client.post("/v1/completions", json=three)).status_code == 200
+
+
+async def test_an_unsupported_content_part_names_its_type_and_path(client: QuartClient) -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": parts}]}
+    error = (await (await client.post("/v1/chat/completions", json=body)).get_json())["error"]
+    assert error["param"] == "messages[0].content[1].type"
+    assert error["message"].startswith("messages[0].content[1].type: 'image_url' is not supported")
 
 
 @pytest.mark.parametrize(
