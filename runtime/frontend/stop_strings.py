@@ -17,14 +17,16 @@ class StopStringMatcher:
         After a match, the text before it is released and nothing more should be fed.
         """
         self._held += text
-        first: tuple[int, str] | None = None
+        # the stop that completes first, as if the text came one character at a time: so how
+        # the text is cut into pieces never changes where it stops
+        first: tuple[int, int, str] | None = None
         for stop in self._stops:
             at = self._held.find(stop)
-            if at >= 0 and (first is None or at < first[0]):
-                first = (at, stop)
+            if at >= 0 and (first is None or (at + len(stop), at) < first[:2]):
+                first = (at + len(stop), at, stop)
         if first is not None:
-            released, self._held = self._held[: first[0]], ""
-            return released, first[1]
+            released, self._held = self._held[: first[1]], ""
+            return released, first[2]
         keep = 0 if final else self._partial_match_length()
         cut = len(self._held) - keep
         released, self._held = self._held[:cut], self._held[cut:]
