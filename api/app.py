@@ -67,7 +67,9 @@ def _register_basics(app: QuartTrio, state: ServerState) -> None:
         with trio.move_on_after(state.settings.health_timeout):
             await state.engine.check_health()
             return jsonify({"status": "ok"})
-        raise APIError(503, "the engine did not answer in time", code="unhealthy")
+        culprit = await state.engine.diagnose()
+        app.logger.warning("health check: %s", culprit)
+        raise APIError(503, f"the engine did not answer in time: {culprit}", code="unhealthy")
 
     @app.get("/v1/models")
     async def models() -> Response:

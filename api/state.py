@@ -27,7 +27,8 @@ class ServerSettings:
     Attributes:
         served_model_name: the `model` clients must name.
         api_key: if set, required as `Authorization: Bearer <key>` (except /health, /metrics).
-        max_open_requests: more open requests than this get 503 until some finish.
+        max_open_requests: sequences the engine may work on at once (running or waiting);
+            beyond it new requests get 503 until some finish.
         health_timeout: seconds the actors get to answer a /health ping.
         request_timeout: seconds a request may run before it ends with a 408 error (None:
             no limit).
@@ -75,7 +76,9 @@ class ServerState:
     def admit(self, num_sequences: int = 1) -> None:
         """Refuse new work while draining or over capacity (503: clients should retry).
 
-        Capacity counts sequences: a completion with 50 prompts is 50 open requests.
+        Capacity counts sequences: a completion with 50 prompts is 50 open requests. It counts
+        the ones the engine still generates for: a client that stops reading a finished stream
+        must not hold a slot, or a few such clients would lock everyone out.
         """
         limit = self.settings.max_open_requests
         if num_sequences > limit:
@@ -88,7 +91,7 @@ class ServerState:
             )
         if self.draining:
             raise APIError(503, "the server is shutting down", code="shutting_down", headers=RETRY)
-        if self.engine.statistics().frontend.num_requests_open + num_sequences > limit:
+        if self.engine.statistics().frontend.num_requests_generating + num_sequences > limit:
             raise APIError(
                 503, "the server is overloaded; retry later", code="overloaded", headers=RETRY
             )

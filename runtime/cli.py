@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-open-requests",
         type=int,
         default=4096,
-        help="requests open at once (running, waiting or streaming) beyond which new ones get 503",
+        help="sequences the engine works on at once (running or waiting) beyond which new "
+        "requests get 503; one that has all its output, waiting for its reader, does not count",
     )
     serve.add_argument(
         "--api-key",

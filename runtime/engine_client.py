@@ -80,6 +80,9 @@ class FrontendStats:
 
     num_requests_open: int
     """Requests whose `generate` is still being iterated."""
+    num_requests_generating: int
+    """Open requests the actors still work on; the others have all their output, and wait for
+    their reader to take it (a client that stopped reading holds no engine capacity)."""
     prompt_tokens_total: int
     """Prompt tokens of every request submitted so far."""
     dispatch_seconds: float
@@ -143,6 +146,10 @@ class EngineClient(Protocol):
 
     async def check_health(self) -> None:
         """Return once every actor has answered; callers put a deadline around it."""
+        ...
+
+    async def diagnose(self) -> str:
+        """After a health check ran past its deadline: which actor is not answering."""
         ...
 
     def statistics(self) -> EngineStats:

@@ -110,6 +110,10 @@ class FakeEngine(EngineClient):
             await trio.sleep_forever()
         await trio.lowlevel.checkpoint()
 
+    async def diagnose(self) -> str:
+        await trio.lowlevel.checkpoint()
+        return "the worker is not answering (the scheduler is)"
+
     async def fetch_statistics(self) -> EngineStats:
         await trio.lowlevel.checkpoint()
         return self.statistics()
@@ -117,6 +121,7 @@ class FakeEngine(EngineClient):
     def statistics(self) -> EngineStats:
         frontend = FrontendStats(
             num_requests_open=len(self.open),
+            num_requests_generating=len(self.open),
             prompt_tokens_total=7,
             dispatch_seconds=0.0,
             detokenize_seconds=0.0,

@@ -168,7 +168,8 @@ async def test_health(engine: FakeEngine, autojump_clock: trio.testing.MockClock
         engine.healthy = False
         response = await client.get("/health")
         assert response.status_code == 503
-        assert (await response.get_json())["error"]["code"] == "unhealthy"
+        error = (await response.get_json())["error"]
+        assert error["code"] == "unhealthy" and "the worker is not answering" in error["message"]
 
 
 async def test_metrics(client: QuartClient) -> None:

@@ -166,3 +166,17 @@ async def test_a_request_past_its_timeout_ends_with_an_error(
         assert engine.statistics().frontend.num_requests_open == 0  # its slot is free
         with pytest.raises(ValueError, match="timeout must be positive"):
             engine.generate([5], timeout=0)
+
+
+async def test_a_hung_worker_is_named(
+    llama_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Alive but not stepping: the health check times out, and the scheduler still answers."""
+    async with fake_engine(llama_dir, depth=2, hang_after=1) as engine:
+        with trio.move_on_after(5):
+            async for _ in engine.generate([5, 6], SamplingParams(max_tokens=20)):
+                pass
+        with trio.move_on_after(5) as health:
+            await engine.check_health()
+        assert health.cancelled_caught
+        assert await engine.diagnose() == "the worker is not answering (the scheduler is)"

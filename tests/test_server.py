@@ -8,6 +8,7 @@ import re
 import signal
 import socket
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -321,29 +322,55 @@ def test_a_dead_worker_is_reported_in_band_then_the_server_exits(llama_dir: Path
         proc.terminate()
 
 
+def test_a_stalled_reader_holds_no_slot_once_its_output_is_generated(llama_dir: Path) -> None:
+    """Two clients that stop reading their streams fill --max-open-requests 2 while those
+    generate; once both have all their output, the server serves others again."""
+    proc = ServerProcess(llama_dir, "--max-open-requests", "2")
+    try:
+        with (
+            stalled_reader(proc, prompts=1, max_tokens=1500),
+            stalled_reader(proc, prompts=1, max_tokens=1500),
+        ):
+            assert wait_until(
+                lambda: metric(proc, "runtime:generation_tokens_total") >= 3000, timeout=60
+            )
+            body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+            response = httpx.post(proc.url + "/v1/completions", json=body, timeout=30)
+            assert response.status_code == 200, response.text
+    finally:
+        proc.terminate()
+
+
+@contextmanager
+def stalled_reader(proc: ServerProcess, prompts: int, max_tokens: int) -> Iterator[None]:
+    """A streaming completion whose client reads the status line, then nothing."""
+    host, port = proc.url.removeprefix("http://").split(":")
+    body = json.dumps(
+        {
+            "model": "tiny",
+            "prompt": ["x"] * prompts if prompts > 1 else "x",
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    ).encode()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills up fast
+        sock.connect((host, int(port)))
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: "
+            b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        assert sock.recv(100).startswith(b"HTTP/1.1 200")
+        yield
+
+
 def test_a_stalled_reader_cannot_block_shutdown(llama_dir: Path) -> None:
     """A client that stops reading holds hypercorn's shielded send; the watchdog exits anyway."""
     proc = ServerProcess(llama_dir, "--drain-timeout", "1")
     try:
         children = proc.child_pids()
-        host, port = proc.url.removeprefix("http://").split(":")
-        body = json.dumps(
-            {
-                "model": "tiny",
-                "prompt": ["x"] * 8,
-                "max_tokens": 400,
-                "ignore_eos": True,
-                "stream": True,
-            }
-        ).encode()
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills up fast
-            sock.connect((host, int(port)))
-            sock.sendall(
-                b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: "
-                b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-            )
-            assert sock.recv(100).startswith(b"HTTP/1.1 200")
+        with stalled_reader(proc, prompts=8, max_tokens=400):
             # ~550 kB of events; stop reading until all are generated (the send is stuck)
             assert wait_until(
                 lambda: metric(proc, "runtime:generation_tokens_total") >= 3200, timeout=60

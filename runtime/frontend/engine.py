@@ -56,6 +56,8 @@ from runtime.wire.transport import MessageChannel
 
 # Seconds the requests of a dead engine (and `on_actor_death`) get to report the error.
 ACTOR_DEATH_GRACE = 5.0
+# Seconds the scheduler gets to answer a probe of its own: it answers at once when alive.
+DIAGNOSE_TIMEOUT = 2.0
 
 
 class Engine(EngineClient):
@@ -167,9 +169,19 @@ class Engine(EngineClient):
     async def check_health(self) -> None:
         await self._ping()
 
+    async def diagnose(self) -> str:
+        """Which actor is not answering, after a health check did not return in time."""
+        with trio.move_on_after(DIAGNOSE_TIMEOUT):
+            await self._ping(through_worker=False)
+            return "the worker is not answering (the scheduler is)"
+        return "the scheduler is not answering"
+
     def statistics(self) -> EngineStats:
         frontend = FrontendStats(
             num_requests_open=len(self._streams),
+            num_requests_generating=sum(
+                not stream.upstream_done for stream in self._streams.values()
+            ),
             prompt_tokens_total=self._prompt_tokens,
             dispatch_seconds=self._dispatch_seconds,
             detokenize_seconds=self._detokenize_seconds,
@@ -251,12 +263,13 @@ class Engine(EngineClient):
 
     # -- actor tasks ---------------------------------------------------------------------
 
-    async def _ping(self) -> Pong:
-        """A round trip through both actors, after everything queued before it."""
+    async def _ping(self, *, through_worker: bool = True) -> Pong:
+        """A round trip through both actors (or to the scheduler only), after everything
+        queued before it."""
         self._check_alive()
         nonce = next(self._nonces)
         answered = self._pongs[nonce] = trio.Event()
-        self._outbox.ping(nonce)
+        self._outbox.ping(nonce, through_worker=through_worker)
         try:
             await answered.wait()
         finally:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import trio
 
-from runtime.wire.messages import AddRequest, Ping, Submit
+from runtime.wire.messages import AddRequest, Ping, Probe, Submit
 
 
 class Outbox:
     def __init__(self) -> None:
         self._adds: dict[str, tuple[int, AddRequest]] = {}  # rid -> (call order, add)
         self._aborts: list[str] = []
-        self._pings: list[Ping] = []
+        self._pings: list[Ping | Probe] = []
         self._ready = trio.Event()
 
     def add(self, order: int, add: AddRequest) -> None:
@@ -30,12 +30,13 @@ class Outbox:
             self._aborts.append(rid)
             self._ready.set()
 
-    def ping(self, nonce: int) -> None:
-        """Queue a ping: it leaves after everything queued before it."""
-        self._pings.append(Ping(nonce))
+    def ping(self, nonce: int, *, through_worker: bool = True) -> None:
+        """Queue a ping (or a probe the scheduler answers alone): it leaves after everything
+        queued before it."""
+        self._pings.append(Ping(nonce) if through_worker else Probe(nonce))
         self._ready.set()
 
-    async def take(self) -> tuple[Submit | None, list[Ping]]:
+    async def take(self) -> tuple[Submit | None, list[Ping | Probe]]:
         """Wait until something is queued, then take all of it."""
         await self._ready.wait()
         self._ready = trio.Event()

@@ -27,6 +27,7 @@ from runtime.wire.messages import (
     NewSeq,
     Ping,
     Pong,
+    Probe,
     Rejected,
     SchedulerStats,
     StepOutputs,
@@ -100,6 +101,9 @@ class SchedulerActor:
     async def _receive_frontend(self, frontend: MessageChannel) -> None:
         while True:
             msg = await frontend.recv()
+            if isinstance(msg, Probe):  # answered here, even while a step waits on the worker
+                await frontend.send(Pong(msg.nonce, None, None))
+                continue
             self._inbox.append(msg)  # not `self._inbox.append(await ...)`: the list is swapped
             self._inbox_changed.set()
 
@@ -117,8 +121,8 @@ class SchedulerActor:
                     raise WireError(f"scheduler got an unexpected {type(msg).__name__}")
 
     async def _step_loop(self, frontend: MessageChannel, worker: MessageChannel) -> None:
-        """The only task that sends to the frontend, so what it reads is in the order our
-        statistics were taken: a snapshot is never followed by an older one."""
+        """The only task that sends statistics to the frontend, so it reads them in the order
+        they were taken: a snapshot is never followed by an older one."""
         pipeline = self.pipeline
         while True:
             if pipeline.idle and not self._inbox and not self._pongs:

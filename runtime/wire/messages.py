@@ -42,6 +42,14 @@ class Ping:
     nonce: int
 
 
+@message(6)
+class Probe:
+    """Frontend → scheduler: answered at once by the scheduler alone (a `Pong` without
+    statistics), whatever its worker does: tells a hung worker from a hung scheduler."""
+
+    nonce: int
+
+
 @message(5)
 class Pong:
     """Answer to `Ping`: each actor on the way back attaches its statistics."""
