@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hmac
 import time
+from importlib.metadata import version
 
 import trio
 from quart import Response, jsonify, request
@@ -15,12 +16,13 @@ from werkzeug.exceptions import HTTPException
 
 from api import native_api, openai_api
 from api.errors import APIError, engine_stopped, timed_out
+from api.openapi import openapi
 from api.schemas import DetokenizeRequest, TokenizeRequest
 from api.state import ServerSettings, ServerState
 from runtime.engine_client import EngineClient, EngineDeadError, RequestTimeoutError
 
 # Paths anyone may read without the API key: probes and scrapers rarely carry one.
-_PUBLIC = frozenset({"/health", "/metrics"})
+_PUBLIC = frozenset({"/health", "/metrics", "/openapi.json"})
 
 
 def create_app(engine: EngineClient, settings: ServerSettings) -> QuartTrio:
@@ -46,6 +48,7 @@ def server_state(app: QuartTrio) -> ServerState:
 
 def _register_basics(app: QuartTrio, state: ServerState) -> None:
     created = int(time.time())
+    document = openapi(version("trio-llm-runtime"))
 
     @app.before_request
     async def authenticate() -> None:
@@ -70,6 +73,10 @@ def _register_basics(app: QuartTrio, state: ServerState) -> None:
         culprit = await state.engine.diagnose()
         app.logger.warning("health check: %s", culprit)
         raise APIError(503, f"the engine did not answer in time: {culprit}", code="unhealthy")
+
+    @app.get("/openapi.json")
+    async def openapi_json() -> Response:
+        return jsonify(document)
 
     @app.get("/v1/models")
     async def models() -> Response:

@@ -74,10 +74,13 @@ def from_validation_error(exc: ValidationError) -> APIError:
         return APIError(400, f"unknown field {param!r}", param=param, code="unknown_parameter")
     if first["type"] == "string_unicode":
         message = f"{param}: is not valid Unicode text (a lone surrogate?)"
-    elif parts and parts[-1] in _SHAPES and first["type"].endswith("_type"):  # no shape fits
-        message = f"{param}: {_SHAPES[str(parts[-1])]}"
+    elif _wrong_type(first) and (shaped := _shape_field(parts)):  # no shape of it fits
+        param = _render(shaped)
+        message = f"{param}: {_SHAPES[str(shaped[-1])]}"
     elif first["type"] == "literal_error":  # e.g. a content part of a type we do not take
-        message = f"{param}: {first['input']!r} is not supported: {first['msg']}"
+        given = repr(first["input"])
+        given = given if len(given) <= 80 else given[:77] + "..."
+        message = f"{param}: {given} is not supported: {first['msg']}"
     else:
         message = f"{param}: {first['msg']}" if param else str(first["msg"])
     return APIError(400, message, param=param, code="invalid_value")
@@ -86,7 +89,19 @@ def from_validation_error(exc: ValidationError) -> APIError:
 def _telling(error: Any) -> tuple[bool, int]:
     """A wrong value is more telling than a wrong type (the input may be of another shape the
     field takes), and a deeper problem than a shallower one."""
-    return not error["type"].endswith("_type"), len(_path(error["loc"]))
+    return not _wrong_type(error), len(_path(error["loc"]))
+
+
+def _wrong_type(error: Any) -> bool:
+    return str(error["type"]).endswith(("_type", "_parsing"))
+
+
+def _shape_field(parts: list[int | str]) -> list[int | str]:
+    """The path up to the last field that takes several shapes, if any."""
+    for i in range(len(parts), 0, -1):
+        if parts[i - 1] in _SHAPES:
+            return parts[:i]
+    return []
 
 
 def _path(loc: tuple[int | str, ...]) -> list[int | str]:

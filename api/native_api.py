@@ -31,6 +31,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
         state.admit()
         rid = req.rid or uuid.uuid4().hex
         (prompt,) = await state.encode_all([req.prompt()])
+        state.admit()  # again: others may have come in while this one tokenized
         streams = state.start([prompt], req.params(), [rid])
         if req.stream:
             return await sse_response(events(merged(streams, state.metrics, app.nursery), rid))

@@ -35,6 +35,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
         prompts = req.prompts()
         state.admit(len(prompts))
         token_ids = await state.encode_all(prompts)
+        state.admit(len(prompts))  # again: others may have come in while this one tokenized
         head = response_head(state, f"cmpl-{uuid.uuid4().hex}", "text_completion")
         rids = [f"{head['id']}-{i}" for i in range(len(prompts))]
         streams = state.start(token_ids, req.sampling_params(req.max_tokens), rids)
@@ -52,6 +53,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
         state.admit()
         params = req.sampling_params(req.max_output_tokens)
         prompt = await state.chat_prompt(req.conversation())
+        state.admit()  # again: others may have come in while this one was rendered
         head = response_head(state, f"chatcmpl-{uuid.uuid4().hex}", "chat.completion")
         streams = state.start([prompt], params, [head["id"]])
         if req.stream:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import math
 import os
 import signal
 import sys
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.max_open_requests < 1:
             raise ValueError("--max-open-requests must be at least 1")
-        if args.request_timeout < 0:
+        if not (math.isfinite(args.request_timeout) and args.request_timeout >= 0):
             raise ValueError("--request-timeout must be positive, or 0 for no limit")
         args.api_key = api_key(args)
         config = engine_config(args)

@@ -44,10 +44,22 @@ def sweep_stale(root: str = ROOT) -> list[str]:
     removed = []
     for path in Path(root).glob(f"{_PREFIX}*-*"):
         pid = path.name.removeprefix(_PREFIX).split("-", 1)[0]
-        if pid.isdigit() and path.is_dir() and not _alive(int(pid)):
+        if pid.isdigit() and _only_sockets(path) and not _alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
     return removed
+
+
+def _only_sockets(path: Path) -> bool:
+    """Ours: a folder (not a link) holding nothing but .ipc sockets."""
+    try:
+        return (
+            path.is_dir()
+            and not path.is_symlink()
+            and all(entry.suffix == ".ipc" for entry in path.iterdir())
+        )
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:

@@ -52,7 +52,7 @@ class FakeEngine(EngineClient):
         token_ids = self._encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not token_ids:
             raise ValueError("the prompt is empty")
-        if len(token_ids) >= self.max_model_len:
+        if len(token_ids) + (params.max_tokens or 1) > self.max_model_len:
             raise ValueError(f"this model's maximum context length is {self.max_model_len}")
         rid = rid or f"r{len(self.requests)}"
         self.requests.append((prompt, params, rid))

@@ -186,3 +186,18 @@ async def test_metrics(client: QuartClient) -> None:
         "runtime:e2e_request_latency_seconds_count 1.0",
     ]:
         assert line in text, line
+
+
+async def test_openapi_describes_every_route_with_its_real_schema(client: QuartClient) -> None:
+    response = await client.get("/openapi.json")
+    document = await response.get_json()
+    assert response.status_code == 200 and document["openapi"].startswith("3.1")
+    schemas = document["components"]["schemas"]
+    for path in ("/v1/completions", "/v1/chat/completions", "/generate", "/tokenize"):
+        body = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        name = body["schema"]["$ref"].rsplit("/", 1)[1]
+        assert schemas[name]["additionalProperties"] is False  # unknown fields are refused
+    assert set(schemas["CompletionRequest"]["required"]) == {"model", "prompt"}
+    assert schemas["ChatMessage"]["properties"]["role"]["enum"]  # nested models resolve
+    for path in ("/v1/models", "/health", "/metrics"):
+        assert "get" in document["paths"][path]

@@ -22,6 +22,7 @@ ROUTES = [
     ("GET", "/v1/models"),
     ("GET", "/health"),
     ("GET", "/metrics"),
+    ("GET", "/openapi.json"),
 ]
 
 json_values = st.recursive(

@@ -180,3 +180,35 @@ async def test_a_hung_worker_is_named(
             await engine.check_health()
         assert health.cancelled_caught
         assert await engine.diagnose() == "the worker is not answering (the scheduler is)"
+
+
+async def test_output_already_made_is_handed_over_past_the_deadline(
+    llama_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The timeout is for the engine's work: a slow reader still gets a finished output."""
+    async with fake_engine(llama_dir, depth=2) as engine:
+        outputs = engine.generate([5, 6], SamplingParams(max_tokens=5), timeout=30)
+        async with aclosing(outputs):
+            tokens = (await anext(outputs)).token_ids
+            await trio.sleep(35)  # generation ended long ago; the reader comes back late
+            tokens += [t async for out in outputs for t in out.token_ids]
+        assert tokens == expected_output([5, 6], 5, engine.info.eos_token_ids)
+
+
+async def test_a_stop_string_frees_the_engine_before_the_reader_comes_back(
+    llama_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with fake_engine(llama_dir, depth=2) as engine:
+        prompt = [6, 6, 6, 6]
+        stop = engine.tokenizer.decode([expected_output(prompt, 3)[2]])
+        outputs = engine.generate(prompt, SamplingParams(max_tokens=40, stop=(stop,)))
+        async with aclosing(outputs):
+            async for out in outputs:
+                if out.finished:
+                    break  # the reader stalls here, its generator still open
+            assert out.finish_reason == "stop"
+            await trio.sleep(1)
+            stats = await engine.fetch_statistics()
+            assert stats.frontend.num_requests_open == 1
+            assert stats.frontend.num_requests_generating == 0  # holds no slot
+            assert stats.scheduler.num_running == stats.scheduler.num_waiting == 0

@@ -3,6 +3,9 @@ before any tokenizing, and tokenizing that leaves the event loop free."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -71,3 +74,23 @@ async def test_a_long_text_is_tokenized_in_a_thread(inputs: InputProcessor) -> N
         ids = await inputs.tokenize_async(text)
         assert ran_meanwhile.is_set()
     assert ids == inputs.tokenizer.encode(text)
+
+
+def test_a_tokenizer_json_with_truncation_never_cuts_a_prompt(
+    llama_dir: Path, tmp_path: Path
+) -> None:
+    for name in os.listdir(llama_dir):
+        shutil.copy(llama_dir / name, tmp_path / name)
+    spec = json.loads((tmp_path / "tokenizer.json").read_text())
+    spec["truncation"] = {
+        "direction": "Right",
+        "max_length": 8,
+        "strategy": "LongestFirst",
+        "stride": 0,
+    }
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    inputs = InputProcessor(tokenizer, vocab_size=4096, max_model_len=512)
+    text = "a prompt of clearly more than eight tokens, " * 4
+    assert len(inputs.tokenize(text)) > 8
+    assert inputs.tokenize(text) == tokenizer.encode(text)

@@ -216,14 +216,16 @@ class Engine(EngineClient):
         processor = OutputProcessor(label, self.inputs.tokenizer, add.prompt_token_ids, add.params)
         stream = self._streams[add.rid] = RequestStream()
         self._labels[label] = add.rid
-        self._no_requests = trio.Event()
+        if self._no_requests.is_set():  # a task waiting on the unset one must still be woken
+            self._no_requests = trio.Event()
         self._outbox.add(order, add)
         self._prompt_tokens += len(add.prompt_token_ids)
         deadline = trio.current_time() + time_limit
         try:
             while True:
-                with trio.move_on_at(deadline) as waiting:  # within one step, never over a yield
-                    tokens = await stream.next_output()
+                # the deadline is for the engine's work: output already made is handed over
+                with trio.move_on_at(deadline if not stream.upstream_done else math.inf) as waiting:
+                    tokens = await stream.next_output()  # (a scope within one step: no yield)
                 if waiting.cancelled_caught:
                     raise RequestTimeoutError(f"the request ran past its {time_limit:g} s timeout")
                 started = time.perf_counter()
@@ -231,6 +233,7 @@ class Engine(EngineClient):
                 self._detokenize_seconds += time.perf_counter() - started
                 if output.finished:
                     stream.end(output.finish_reason or "stop")  # a stop string ends it here
+                    self._abort_upstream(add.rid, stream)  # now, not when the reader comes back
                 yield output
                 if output.finished:
                     return

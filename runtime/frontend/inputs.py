@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import trio
+from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
 from runtime.sampling_params import SamplingParams
@@ -28,6 +29,17 @@ INLINE_CHARS = 4096
 _MARGIN = 2
 
 
+def _plain_copy(backend: Tokenizer | None) -> Tokenizer | None:
+    """Our own copy of the fast tokenizer, with truncation and padding off: a tokenizer.json
+    may switch them on, and transformers turns them off only around its own calls."""
+    if backend is None:
+        return None
+    copy = Tokenizer.from_str(backend.to_str())
+    copy.no_truncation()
+    copy.no_padding()
+    return copy
+
+
 class InputProcessor:
     def __init__(
         self, tokenizer: PreTrainedTokenizerBase, *, vocab_size: int, max_model_len: int
@@ -35,7 +47,7 @@ class InputProcessor:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend = _plain_copy(getattr(tokenizer, "backend_tokenizer", None))
         # the most bytes of text one token can stand for (a UTF-8 token string is no shorter)
         self.max_token_bytes = max(len(token.encode()) for token in tokenizer.get_vocab()) or 1
         self._threads = trio.CapacityLimiter(2)

@@ -1,0 +1,84 @@
+"""`GET /openapi.json`: the API described from the same pydantic schemas that validate it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from api.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    GenerateRequest,
+    TokenizeRequest,
+)
+
+# route -> (its request body's schema, what it does)
+BODIES: dict[str, tuple[type[BaseModel], str]] = {
+    "/v1/completions": (CompletionRequest, "OpenAI completions (streamed with stream=true)"),
+    "/v1/chat/completions": (ChatCompletionRequest, "OpenAI chat completions"),
+    "/generate": (GenerateRequest, "SGLang's native generate"),
+    "/tokenize": (TokenizeRequest, "Text or a chat to token ids"),
+    "/detokenize": (DetokenizeRequest, "Token ids to text"),
+}
+GETS = {
+    "/v1/models": "The served model",
+    "/health": "200 once every actor has answered; 503 naming the one that did not",
+    "/metrics": "Prometheus metrics",
+    "/openapi.json": "This document",
+}
+ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+
+
+def openapi(version: str) -> dict[str, Any]:
+    """An OpenAPI 3.1 document: request bodies exactly as validated, errors as answered."""
+    schemas: dict[str, Any] = {"Error": ERROR}
+    paths: dict[str, Any] = {}
+    for path, (model, summary) in BODIES.items():
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+        body = {"$ref": f"#/components/schemas/{model.__name__}"}
+        paths[path] = {
+            "post": {
+                "summary": summary,
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": body}},
+                },
+                "responses": _responses(),
+            }
+        }
+    for path, summary in GETS.items():
+        paths[path] = {"get": {"summary": summary, "responses": _responses()}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "trio-llm-runtime", "version": version},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }
+
+
+def _responses() -> dict[str, Any]:
+    error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    return {
+        "200": {"description": "OK (JSON, or server-sent events when streamed)"},
+        "4XX": {"description": "A bad request, OpenAI-shaped", **error},
+        "503": {"description": "Overloaded, draining, or the engine stopped", **error},
+    }
