@@ -94,3 +94,16 @@ def test_a_tokenizer_json_with_truncation_never_cuts_a_prompt(
     text = "a prompt of clearly more than eight tokens, " * 4
     assert len(inputs.tokenize(text)) > 8
     assert inputs.tokenize(text) == tokenizer.encode(text)
+
+
+async def test_a_chat_too_long_in_any_field_is_refused_before_rendering(
+    inputs: InputProcessor,
+) -> None:
+    huge = "x" * 300_000  # far past 2 x longest token x 512
+    for message in (
+        {"role": "user", "content": huge},
+        {"role": "user", "content": "hi", "name": huge},
+    ):
+        with pytest.raises(ValueError, match="context"):
+            await inputs.apply_chat_template_async([message])
+    assert "hi" in await inputs.apply_chat_template_async([{"role": "user", "content": "hi"}])

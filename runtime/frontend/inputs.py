@@ -87,10 +87,10 @@ class InputProcessor:
         return await self._in_thread(self.detokenize, token_ids)
 
     async def apply_chat_template_async(self, messages: list[dict[str, str]]) -> str:
-        total = sum(len(m.get("content", "")) for m in messages)
-        if total < INLINE_CHARS:
+        texts = [value for m in messages for value in m.values()]  # contents, names, roles
+        if sum(len(t) for t in texts) < INLINE_CHARS:
             return self.apply_chat_template(messages)
-        self.check_fits(*(m.get("content", "") for m in messages))  # the render holds them all
+        self.check_fits(*texts)  # the render holds them all
         return await self._in_thread(self.apply_chat_template, messages)
 
     async def _in_thread(self, fn: Callable[..., T], *args: object) -> T:
