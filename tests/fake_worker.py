@@ -15,6 +15,8 @@ import math
 
 import trio
 
+from runtime.config import EngineConfig
+from runtime.scheduler.actor import SchedulerActor
 from runtime.wire.codec import decode, encode
 from runtime.wire.messages import Ping, Pong, StepPlan, StepResult, WorkerReady, WorkerStats
 from runtime.wire.transport import MessageChannel
@@ -40,6 +42,22 @@ def memory_pipe(buffer: int = 64) -> tuple[MemoryChannel, MemoryChannel]:
     a_send, b_receive = trio.open_memory_channel[bytes](buffer)
     b_send, a_receive = trio.open_memory_channel[bytes](buffer)
     return MemoryChannel(a_send, a_receive), MemoryChannel(b_send, b_receive)
+
+
+def start_actors(
+    nursery: trio.Nursery,
+    config: EngineConfig,
+    eos_token_ids: frozenset[int],
+    num_kv_blocks: int,
+    hang_after: float = math.inf,
+) -> MemoryChannel:
+    """The real scheduler actor and the model-free worker; returns the frontend's end."""
+    frontend, scheduler_frontend = memory_pipe()
+    worker, scheduler_worker = memory_pipe()
+    actor = SchedulerActor(config, eos_token_ids)
+    nursery.start_soon(actor.run, scheduler_frontend, scheduler_worker)
+    nursery.start_soon(fake_worker, worker, num_kv_blocks, hang_after)
+    return frontend
 
 
 def next_token(token_ids: list[int]) -> int:

@@ -264,6 +264,7 @@ async def test_api_key(engine: FakeEngine) -> None:
         assert (await missing.get_json())["error"]["code"] == "invalid_api_key"
         assert missing.headers["WWW-Authenticate"] == "Bearer"
         assert (await client.get("/health")).status_code == 200  # probes need no key
+        assert (await client.get("/openapi.json")).status_code == 200  # nor the schema
 
 
 async def test_overload_is_503_and_counts_sequences(engine: FakeEngine) -> None:

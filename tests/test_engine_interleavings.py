@@ -27,8 +27,7 @@ from runtime.engine_client import RequestTimeoutError
 from runtime.frontend.engine import Engine
 from runtime.model_info import ModelInfo, load_model_info
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler.actor import SchedulerActor
-from tests.fake_worker import expected_output, fake_worker, memory_pipe
+from tests.fake_worker import expected_output, start_actors
 
 NUM_BLOCKS = 24
 LABELS = "abc"
@@ -54,13 +53,9 @@ async def fake_engine(
         max_steps_in_flight=depth,
     )
     info, tokenizer = model_files(str(model))
-    frontend, scheduler_frontend = memory_pipe()
-    worker, scheduler_worker = memory_pipe()
     engine = Engine(config, info, tokenizer)
     async with trio.open_nursery() as nursery:
-        scheduler = SchedulerActor(config, info.eos_token_ids)
-        nursery.start_soon(scheduler.run, scheduler_frontend, scheduler_worker)
-        nursery.start_soon(fake_worker, worker, NUM_BLOCKS, hang_after)
+        frontend = start_actors(nursery, config, info.eos_token_ids, NUM_BLOCKS, hang_after)
         await nursery.start(engine.run, frontend)
         yield engine
         nursery.cancel_scope.cancel()

@@ -12,7 +12,6 @@ import trio.testing
 
 from runtime.config import EngineConfig
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler.actor import SchedulerActor
 from runtime.wire.messages import (
     AddRequest,
     EngineReady,
@@ -22,7 +21,7 @@ from runtime.wire.messages import (
     StepOutputs,
     Submit,
 )
-from tests.fake_worker import VOCAB, MemoryChannel, expected_output, fake_worker, memory_pipe
+from tests.fake_worker import VOCAB, MemoryChannel, expected_output, start_actors
 
 EOS = 7
 NUM_BLOCKS = 24
@@ -39,12 +38,8 @@ async def running_scheduler(depth: int) -> AsyncIterator[tuple[MemoryChannel, En
         max_num_batched_tokens=16,
         max_steps_in_flight=depth,
     )
-    frontend, scheduler_frontend = memory_pipe()
-    worker, scheduler_worker = memory_pipe()
-    actor = SchedulerActor(config, frozenset({EOS}))
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(actor.run, scheduler_frontend, scheduler_worker)
-        nursery.start_soon(fake_worker, worker, NUM_BLOCKS)
+        frontend = start_actors(nursery, config, frozenset({EOS}), NUM_BLOCKS)
         ready = await frontend.recv()
         assert isinstance(ready, EngineReady)
         yield frontend, ready

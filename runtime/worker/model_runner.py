@@ -7,7 +7,6 @@ worker actor runs `execute` in a thread of its own.
 from __future__ import annotations
 
 import os
-import random
 import time
 from dataclasses import dataclass
 
@@ -198,9 +197,8 @@ class ModelRunner:
         vocab = self.info.vocab_size
         for seq in seqs:
             p = seq.params
-            seed = p.seed if p.seed is not None else random.getrandbits(64)
             top_k = p.top_k if p.top_k < vocab else 0  # all of them: keep all, unfiltered
-            rows.append((p.temperature, top_k, p.top_p, p.min_p, seed, seq.num_output_tokens))
+            rows.append((p.temperature, top_k, p.top_p, p.min_p, seq.seed, seq.num_output_tokens))
         return make_sampling_batch(rows, self.device)
 
     def _tensor(self, values: list[int] | list[list[int]]) -> torch.Tensor:

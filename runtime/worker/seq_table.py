@@ -8,6 +8,7 @@ without a model.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from runtime.sampling_params import SamplingParams
@@ -21,6 +22,7 @@ class WorkerSeq:
     num_computed_tokens: int
     block_table: list[int]
     params: SamplingParams
+    seed: int  # the request's, or drawn once here: sampling hashes it with the position
 
     @property
     def num_output_tokens(self) -> int:
@@ -37,8 +39,14 @@ class SeqTable:
             self.seqs.pop(seq_id, None)
         for new in plan.new_seqs:
             assert new.seq_id not in self.seqs, f"sequence {new.seq_id} sent twice"
+            seed = new.params.seed if new.params.seed is not None else random.getrandbits(64)
             self.seqs[new.seq_id] = WorkerSeq(
-                list(new.token_ids), new.num_prompt_tokens, new.num_computed_tokens, [], new.params
+                list(new.token_ids),
+                new.num_prompt_tokens,
+                new.num_computed_tokens,
+                [],
+                new.params,
+                seed,
             )
         for seq_id, block_id in zip(plan.block_seq_ids, plan.block_ids, strict=True):
             self.seqs[seq_id].block_table.append(block_id)
