@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from api.connections import ConnectionStats
 from runtime.engine_client import EngineClient, EngineStats
 
 # Seconds: from a loaded CPU (tens of ms per step) up to long generations.
@@ -35,6 +36,25 @@ _LATENCY_BUCKETS = (
     40.0,
     80.0,
 )
+
+
+class _ConnectionCollector(Collector):
+    def __init__(self, stats: ConnectionStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats
+        yield GaugeMetricFamily("runtime:http_connections_open", "Open HTTP connections.", s.open)
+        yield CounterMetricFamily(
+            "runtime:http_connections_refused",
+            "Connections answered 503 because --max-connections were open.",
+            s.refused,
+        )
+        yield CounterMetricFamily(
+            "runtime:http_send_timeouts",
+            "Connections closed because their client took no data for --send-timeout.",
+            s.send_timeouts,
+        )
 
 
 class _EngineCollector(Collector):
@@ -98,7 +118,7 @@ def _time_split(stats: EngineStats) -> Iterator[Metric]:
 
 
 class Metrics:
-    def __init__(self, engine: EngineClient) -> None:
+    def __init__(self, engine: EngineClient, connections: ConnectionStats) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.ttft = Histogram(
             "runtime:time_to_first_token_seconds",
@@ -119,6 +139,7 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_EngineCollector(engine))
+        self.registry.register(_ConnectionCollector(connections))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,13 +1,12 @@
 """Serve the app with hypercorn inside the caller's nursery, and drain it on shutdown.
 
-Shutdown, once `shutdown` is set: hypercorn stops accepting connections; requests in flight
-get until `drain_timeout` to finish; whatever still runs then is aborted, so its stream ends
-with a final chunk (finish_reason "abort") and `[DONE]`. Once no request is open, we close the
-remaining connections ourselves: with quart-trio, hypercorn's idle timer is cancelled as soon as
-a response ends (measured), so idle keep-alive connections would otherwise hold the shutdown for
-its whole `graceful_timeout`. A client that stopped reading can still hold hypercorn's shielded
-send forever (STACK.md §1.4): that is the job of the process owner's hard-exit watchdog
-(`runtime.cli`).
+Shutdown, once `shutdown` is set: we stop accepting connections; requests in flight get until
+`drain_timeout` to finish; whatever still runs then is aborted, so its stream ends with a final
+chunk (finish_reason "abort") and `[DONE]`. Idle keep-alive connections close at once, the
+others after their response; once no request is open, whatever connection is left is closed.
+A client that stopped reading holds its connection until the send timeout
+(`api.connections`); if the process must exit sooner, that is the job of the process owner's
+hard-exit watchdog (`runtime.cli`).
 """
 
 from __future__ import annotations
@@ -16,9 +15,10 @@ import logging
 
 import trio
 from hypercorn.config import Config
-from hypercorn.trio import serve as hypercorn_serve
 
 from api.app import create_app, server_state
+from api.connections import ConnectionLimits, serve_http
+from api.keep_alive import KeepAliveMiddleware
 from api.state import ServerSettings
 from runtime.engine_client import EngineClient
 
@@ -26,6 +26,7 @@ logger = logging.getLogger("runtime.server")
 
 # After the last request ended: time for its final bytes to leave before connections close.
 FLUSH_GRACE = 0.5
+DEFAULT_LIMITS = ConnectionLimits()
 
 
 async def serve(
@@ -36,12 +37,12 @@ async def serve(
     port: int,
     shutdown: trio.Event,
     drain_timeout: float = 30.0,
+    limits: ConnectionLimits = DEFAULT_LIMITS,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until `shutdown` is set, then drain. `started()` reports the bound URLs."""
     app = create_app(engine, settings)
     config = Config()
-    config.bind = [f"{host}:{port}"]
     config.graceful_timeout = drain_timeout + 2 * FLUSH_GRACE  # our drain ends sooner
     config.accesslog = None
     config.errorlog = logging.getLogger("runtime.hypercorn")  # we log the URL ourselves
@@ -49,8 +50,15 @@ async def serve(
     server_done = trio.Event()
 
     async def run_hypercorn(*, task_status: trio.TaskStatus[list[str]]) -> None:
-        await hypercorn_serve(
-            app, config, shutdown_trigger=shutdown.wait, mode="asgi", task_status=task_status
+        await serve_http(
+            KeepAliveMiddleware(app),
+            config,
+            limits,
+            server_state(app).connections,
+            host=host,
+            port=port,
+            shutdown_trigger=shutdown.wait,
+            task_status=task_status,
         )
         server_done.set()
 

@@ -11,6 +11,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 from quart import request
 
+from api.connections import ConnectionStats
 from api.errors import APIError, from_validation_error
 from api.metrics import Metrics
 from runtime.engine_client import EngineClient, RequestOutput, SamplingParams
@@ -46,10 +47,11 @@ class ServerState:
     engine: EngineClient
     settings: ServerSettings
     metrics: Metrics = field(init=False)
+    connections: ConnectionStats = field(default_factory=ConnectionStats)
     draining: bool = False
 
     def __post_init__(self) -> None:
-        self.metrics = Metrics(self.engine)
+        self.metrics = Metrics(self.engine, self.connections)
 
     async def parse(self, model: type[Model]) -> Model:
         """The request's JSON body as `model`, or an APIError(400) naming what is wrong."""

@@ -7,10 +7,11 @@ import gc
 import logging
 import math
 import os
+import resource
 import signal
 import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -130,6 +131,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds in-flight requests get after SIGTERM",
     )
     serve.add_argument(
+        "--max-connections",
+        type=positive(int),
+        default=2048,
+        help="open HTTP connections beyond which a new one gets 503 and is closed",
+    )
+    serve.add_argument(
+        "--keep-alive-timeout",
+        type=positive(float),
+        default=5.0,
+        help="seconds an idle keep-alive connection stays open",
+    )
+    serve.add_argument(
+        "--send-timeout",
+        type=positive(float),
+        default=30.0,
+        help="seconds a client may take no data before its connection is closed and its "
+        "request cancelled",
+    )
+    serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
     )
     make = commands.add_parser("make-model", help="write a tiny deterministic test checkpoint")
@@ -137,6 +157,33 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3"])
     make.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def raise_open_file_limit(connections: int) -> None:
+    """Each connection is a file descriptor: lift the soft limit (often 1024) toward the hard
+    one, as vLLM does, so that --max-connections is what bounds them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + 256  # the actors' sockets, the model's files, logs, threads
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < wanted:
+        logger.warning(
+            "--max-connections %d is near the open-file limit %d: accepting may fail first",
+            connections,
+            target,
+        )
+
+
+def positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+        return value
+
+    return parse
 
 
 def api_key(args: argparse.Namespace) -> str | None:
@@ -180,11 +227,13 @@ async def serve_main(args: argparse.Namespace, config: EngineConfig) -> None:
 
 async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: trio.Event) -> None:
     """Start the engine, serve until `shutdown`, drain. A signal during startup cancels it."""
+    from api.connections import ConnectionLimits
     from api.server import serve
     from api.state import ServerSettings
     from runtime.frontend.engine import ACTOR_DEATH_GRACE, open_engine
     from runtime.supervisor import ActorDiedError
 
+    raise_open_file_limit(args.max_connections)
     ready = trio.Event()
     server_stopped = trio.Event()
 
@@ -223,6 +272,11 @@ async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: t
                         port=args.port,
                         shutdown=shutdown,
                         drain_timeout=args.drain_timeout,
+                        limits=ConnectionLimits(
+                            max_connections=args.max_connections,
+                            keep_alive_timeout=args.keep_alive_timeout,
+                            send_timeout=args.send_timeout,
+                        ),
                     )
                 )
                 ready.set()

@@ -325,7 +325,7 @@ def test_a_dead_worker_is_reported_in_band_then_the_server_exits(llama_dir: Path
 def test_a_stalled_reader_holds_no_slot_once_its_output_is_generated(llama_dir: Path) -> None:
     """Two clients that stop reading their streams fill --max-open-requests 2 while those
     generate; once both have all their output, the server serves others again."""
-    proc = ServerProcess(llama_dir, "--max-open-requests", "2")
+    proc = ServerProcess(llama_dir, "--max-open-requests", "2", "--send-timeout", "600")
     try:
         with (
             stalled_reader(proc, prompts=1, max_tokens=1500),
@@ -337,6 +337,18 @@ def test_a_stalled_reader_holds_no_slot_once_its_output_is_generated(llama_dir: 
             body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
             response = httpx.post(proc.url + "/v1/completions", json=body, timeout=30)
             assert response.status_code == 200, response.text
+    finally:
+        proc.terminate()
+
+
+def test_a_stalled_reader_is_cut_off_after_the_send_timeout(llama_dir: Path) -> None:
+    """Its connection is closed, and its request aborted if it still generates."""
+    proc = ServerProcess(llama_dir, "--send-timeout", "2")
+    try:
+        with stalled_reader(proc, prompts=1, max_tokens=2000):
+            assert wait_until(lambda: metric(proc, "runtime:http_send_timeouts_total") == 1, 30)
+            assert wait_until(lambda: metric(proc, "runtime:num_requests_running") == 0, 10)
+            assert metric(proc, "runtime:http_connections_open") == 1  # this scrape's
     finally:
         proc.terminate()
 

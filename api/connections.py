@@ -1,0 +1,192 @@
+"""Accept HTTP connections and hand each to hypercorn, within bounds a client cannot stretch.
+
+This replaces `hypercorn.trio.serve` (whose loop is about as short, see hypercorn/trio/run.py)
+for two things it has no hook for:
+
+- A cap on open connections (`max_connections`): past it, a new connection gets a 503 with
+  `Retry-After` and is closed, so a client holding hundreds of sockets cannot exhaust the
+  process's file descriptors. Idle keep-alive connections end after `keep_alive_timeout`.
+- A send timeout (`send_timeout`): hypercorn sends in a shielded scope, so a client that stops
+  reading held its connection, and its request's task, forever. Here each send that takes
+  longer closes the connection; hypercorn then sees a broken stream, tells the app the client
+  disconnected, and the request is cancelled (which aborts it in the engine).
+
+Everything between the socket and the app (HTTP parsing, keep-alive, the ASGI calls) stays
+hypercorn's, so this leans on its `TCPServer`, `Lifespan` and `WorkerContext`, which are not
+documented API: pyproject pins hypercorn below the next minor version, and tests/test_connections.py
+covers what we rely on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import repr_socket_addr, wrap_app
+
+logger = logging.getLogger("runtime.server")
+
+# A refused connection: how long we read (and drop) its request before closing, so that the
+# kernel does not reset the connection with our 503 still unread (see keep_alive.BODY_LINGER).
+REFUSAL_LINGER = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    max_connections: int = 2048
+    keep_alive_timeout: float = 5.0
+    send_timeout: float = 30.0
+
+
+@dataclass(slots=True)
+class ConnectionStats:
+    open: int = 0
+    refused: int = 0
+    send_timeouts: int = 0
+
+
+async def serve_http(
+    app: Any,
+    config: Config,
+    limits: ConnectionLimits,
+    stats: ConnectionStats,
+    *,
+    host: str,
+    port: int,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the ASGI `app` until `shutdown_trigger` returns, then give open connections
+    `config.graceful_timeout` to finish. `started()` reports the bound URLs."""
+    config.keep_alive_timeout = limits.keep_alive_timeout
+    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    lifespan = Lifespan(wrapped, config, {})
+    context = WorkerContext(None)
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        listeners = await trio.open_tcp_listeners(port, host=host, backlog=config.backlog)
+        async with trio.open_nursery() as connections:
+            handler = partial(_connection, wrapped, config, context, limits, stats)
+            async with trio.open_nursery() as accepting:
+                await accepting.start(
+                    partial(trio.serve_listeners, handler, listeners, handler_nursery=connections)
+                )
+                task_status.started([_url(listener) for listener in listeners])
+                await shutdown_trigger()
+                accepting.cancel_scope.cancel()  # closes the listeners
+            await context.terminated.set()  # idle connections close, busy ones after their response
+            connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()
+
+
+def _url(listener: trio.SocketListener) -> str:
+    sock = listener.socket
+    return "http://" + repr_socket_addr(sock.family, sock.getsockname())
+
+
+async def _connection(
+    app: Any,
+    config: Config,
+    context: WorkerContext,
+    limits: ConnectionLimits,
+    stats: ConnectionStats,
+    stream: trio.SocketStream,
+) -> None:
+    if stats.open >= limits.max_connections:
+        stats.refused += 1
+        await _refuse(stream)
+        return
+    stats.open += 1
+    try:
+        timed = TimedSendStream(stream, limits.send_timeout, stats)
+        connection = _Connection(app, config, context, ConnectionState({}), timed)  # type: ignore[arg-type]
+        await connection.run()
+    finally:
+        stats.open -= 1
+
+
+class _Connection(TCPServer):
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        # The client closed its side: no request can come, yet hypercorn's keep-alive timer
+        # would hold the connection (and its place under the cap) until it fires.
+        await self.idle_task.stop()
+
+
+_REFUSAL_BODY = json.dumps(
+    {
+        "error": {
+            "message": "too many open connections; retry later",
+            "type": "server_busy",
+            "param": None,
+            "code": "too_many_connections",
+        }
+    }
+).encode()
+_REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+    % (len(_REFUSAL_BODY), _REFUSAL_BODY)
+)
+
+
+async def _refuse(stream: trio.SocketStream) -> None:
+    """503 without parsing anything: the cap exists because the process is near its limits."""
+    with trio.move_on_after(REFUSAL_LINGER):
+        try:
+            await stream.send_all(_REFUSAL)
+            await stream.send_eof()
+            while await stream.receive_some(65536):
+                pass  # the client's request: read, so that closing does not reset our answer
+        except trio.BrokenResourceError:
+            pass
+    await stream.aclose()
+
+
+class TimedSendStream(trio.abc.HalfCloseableStream):
+    """A connection's socket stream whose sends give up after `timeout` seconds: the client
+    stopped reading. Giving up closes the connection (see the module docstring)."""
+
+    def __init__(self, stream: trio.SocketStream, timeout: float, stats: ConnectionStats) -> None:
+        self._stream = stream
+        self._timeout = timeout
+        self._stats = stats
+
+    @property
+    def socket(self) -> trio.socket.SocketType:  # hypercorn reads the peer's address from it
+        return self._stream.socket
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        with trio.move_on_after(self._timeout) as scope:  # inside hypercorn's shield: still fires
+            await self._stream.send_all(data)
+        if scope.cancelled_caught:
+            self._stats.send_timeouts += 1
+            logger.warning(
+                "closing a connection: its client took no data for %.0f s", self._timeout
+            )
+            await self._stream.aclose()
+            raise trio.BrokenResourceError("the client stopped reading")
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self._stream.send_eof()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self._stream.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()

@@ -1,0 +1,81 @@
+"""Make every HTTP/1.1 response end its connection's cycle: keep it alive, or close it.
+
+quart-trio answers a request in a task that its own `http.disconnect` handling cancels. The
+last body message of a response reaches hypercorn in that task, and hypercorn finishes the
+connection's cycle right there, after it has handed the app that disconnect: it recycles the
+connection and starts its keep-alive timer, or closes it (`Connection: close`, HTTP/1.0, a body
+left unread). The cancellation lands first, so none of that happened (measured): idle
+connections stayed open forever, `Connection: close` and HTTP/1.0 were not honoured, and a
+request answered before its body was read (a 404, a 401) left its connection deaf, so the next
+request on it hung. `KeepAliveMiddleware` shields that last message.
+
+It also decides what becomes of a connection whose request is answered before its body has
+arrived: it waits briefly for the rest (then the connection lives on), else the response says
+`Connection: close` so that no client sends its next request into a connection about to close.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from hypercorn.typing import ASGIReceiveEvent, ASGISendEvent
+
+# How long an early answer waits for the rest of its request's body before it closes the
+# connection instead. Closing with unread bytes makes the kernel reset the connection, which
+# can destroy the answer before the client has read it; a body in flight usually lands sooner.
+BODY_LINGER = 1.0
+
+Receive = Any  # hypercorn.typing's ASGI callables, kept loose: Quart's are typed differently
+Send = Any
+
+
+class KeepAliveMiddleware:
+    """Wraps an ASGI app; see the module docstring."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        body = _BodyWatch(receive)
+        await self.app(scope, body.receive, _ResponseSender(send, body).send)
+
+
+class _BodyWatch:
+    """Passes the request's messages on, noting when its body has arrived whole."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self.complete = trio.Event()
+
+    async def receive(self) -> ASGIReceiveEvent:
+        message: ASGIReceiveEvent = await self._receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.complete.set()  # the whole body, or a disconnect: nothing more will come
+        return message
+
+
+class _ResponseSender:
+    def __init__(self, send: Send, body: _BodyWatch) -> None:
+        self._send = send
+        self._body = body
+
+    async def send(self, message: ASGISendEvent) -> None:
+        if message["type"] == "http.response.start":
+            message = await self._start(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            with trio.CancelScope(shield=True):  # see the module docstring
+                await self._send(message)
+            return
+        await self._send(message)
+
+    async def _start(self, message: Any) -> Any:
+        with trio.move_on_after(BODY_LINGER):
+            await self._body.complete.wait()
+        if self._body.complete.is_set():
+            return message
+        headers = [*message.get("headers", []), (b"connection", b"close")]
+        return {**message, "headers": headers}

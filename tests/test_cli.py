@@ -1,0 +1,63 @@
+"""The `runtime serve` command line: what it refuses before starting, what it sets up."""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.cli import api_key, build_parser, raise_open_file_limit
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "error"),
+    [
+        (["--api-key", ""], {}, "is empty"),
+        ([], {"RUNTIME_API_KEY": " "}, "is empty"),
+        (["--api-key-file", "/nonexistent/key"], {}, "--api-key-file"),
+    ],
+)
+def test_an_unusable_api_key_stops_the_startup(
+    argv: list[str], env: dict[str, str], error: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(["serve", *argv])
+    with pytest.raises(ValueError, match=error):
+        api_key(args)
+
+
+def test_the_key_can_come_from_a_file(tmp_path: Path) -> None:
+    (tmp_path / "key").write_text("s3cret\n")
+    args = build_parser().parse_args(["serve", "--api-key-file", str(tmp_path / "key")])
+    assert api_key(args) == "s3cret"
+
+
+@pytest.mark.parametrize("flag", ["--max-connections", "--keep-alive-timeout", "--send-timeout"])
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_connection_bounds_must_be_positive(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", flag, value])
+    assert "must be positive" in capsys.readouterr().err
+
+
+@pytest.fixture
+def open_file_limit() -> Iterator[tuple[int, int]]:
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    yield limits
+    resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+
+
+def test_the_open_file_limit_is_raised_for_the_connections(
+    open_file_limit: tuple[int, int],
+) -> None:
+    _, hard = open_file_limit
+    if hard != resource.RLIM_INFINITY and hard < 2048 + 256:
+        pytest.skip(f"the hard open-file limit here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    raise_open_file_limit(2048)
+    assert resource.getrlimit(resource.RLIMIT_NOFILE) == (2048 + 256, hard)

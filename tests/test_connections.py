@@ -1,0 +1,229 @@
+"""Connection hygiene of the real HTTP server (hypercorn under api.connections), on real
+sockets, against the fake engine: keep-alive ends, closes, caps and send timeouts."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import pytest
+import trio
+
+from api import keep_alive
+from api.connections import ConnectionLimits
+from api.server import serve
+from api.state import ServerSettings
+from tests.api_helpers import MODEL
+from tests.fake_engine import FakeEngine
+
+# Every wait below is for a behaviour with a deadline of its own; this only bounds a failure.
+PATIENCE = 10.0
+
+
+@dataclass
+class Server:
+    host: str
+    port: int
+    engine: FakeEngine
+
+    async def connect(self) -> trio.SocketStream:
+        return await trio.open_tcp_stream(self.host, self.port)
+
+
+@asynccontextmanager
+async def running_server(
+    limits: ConnectionLimits = ConnectionLimits(keep_alive_timeout=0.3),  # noqa: B008
+    **settings: object,
+) -> AsyncIterator[Server]:
+    engine = FakeEngine(max_model_len=10**6)
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(
+            lambda task_status: serve(
+                engine,
+                ServerSettings(served_model_name=MODEL, **settings),  # type: ignore[arg-type]
+                host="127.0.0.1",
+                port=0,
+                shutdown=shutdown,
+                drain_timeout=1.0,
+                limits=limits,
+                task_status=task_status,
+            )
+        )
+        host, port = urls[0].removeprefix("http://").split(":")
+        yield Server(host, int(port), engine)
+        shutdown.set()
+
+
+def post(path: str, body: bytes, *headers: bytes, version: bytes = b"1.1") -> bytes:
+    head = [b"POST %s HTTP/%s" % (path.encode(), version), b"Host: t", *headers]
+    head.append(b"Content-Length: %d" % len(body))
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+def get(path: str, *headers: bytes) -> bytes:
+    return b"\r\n".join([b"GET %s HTTP/1.1" % path.encode(), b"Host: t", *headers]) + b"\r\n\r\n"
+
+
+class Reader:
+    """Reads HTTP/1.1 responses with a Content-Length off a connection, or up to its end."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buffer = b""
+
+    async def _more(self) -> bool:
+        with trio.fail_after(PATIENCE):
+            data = await self.stream.receive_some(65536)
+        self.buffer += data
+        return bool(data)
+
+    async def response(self) -> tuple[int, dict[str, str], bytes]:
+        while b"\r\n\r\n" not in self.buffer:
+            assert await self._more(), f"closed before a response: {self.buffer!r}"
+        head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        status_line, *lines = head.decode().split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines)
+        length = int(headers["content-length"])
+        while len(self.buffer) < length:
+            assert await self._more()
+        body, self.buffer = self.buffer[:length], self.buffer[length:]
+        return int(status_line.split()[1]), headers, body
+
+    async def until_closed(self) -> bytes:
+        """Everything up to the server closing the connection (fails if it never does)."""
+        while await self._more():
+            pass
+        return self.buffer
+
+
+async def eventually(condition: Callable[[], bool]) -> None:
+    with trio.fail_after(PATIENCE):
+        while not condition():  # noqa: ASYNC110 (the fake engine has no event for this)
+            await trio.sleep(0.01)
+
+
+def metric(exposition: bytes, name: str) -> float:
+    line = next(x for x in exposition.decode().splitlines() if x.startswith(name + " "))
+    return float(line.split()[1])
+
+
+COMPLETION = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 3}).encode()
+JSON = b"Content-Type: application/json"
+
+
+async def test_idle_keep_alive_connections_are_closed() -> None:
+    async with running_server() as server:
+        never_used = await server.connect()
+        used = await server.connect()
+        await used.send_all(get("/health"))
+        reader = Reader(used)
+        assert (await reader.response())[0] == 200
+        assert await reader.until_closed() == b""  # after keep_alive_timeout
+        assert await Reader(never_used).until_closed() == b""
+
+
+async def test_keep_alive_serves_requests_in_turn_on_one_connection() -> None:
+    async with running_server() as server:
+        stream = await server.connect()
+        reader = Reader(stream)
+        for _ in range(3):
+            await stream.send_all(post("/v1/completions", COMPLETION, JSON))
+            status, headers, body = await reader.response()
+            assert status == 200 and "connection" not in headers
+            assert json.loads(body)["choices"][0]["text"] == "alpha beta gamma "
+
+
+async def test_connection_close_is_honoured() -> None:
+    async with running_server() as server:
+        stream = await server.connect()
+        await stream.send_all(get("/health", b"Connection: close"))
+        assert (await Reader(stream).until_closed()).startswith(b"HTTP/1.1 200")
+
+
+async def test_an_http_1_0_stream_ends_with_its_connection() -> None:
+    body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 3, "stream": True}).encode()
+    async with running_server() as server:
+        stream = await server.connect()
+        await stream.send_all(post("/v1/completions", body, JSON, version=b"1.0"))
+        assert (await Reader(stream).until_closed()).endswith(b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("path", ["/nowhere", "/v1/completions"])  # 404; 401 (api key)
+async def test_an_answer_before_the_body_keeps_its_connection_usable(path: str) -> None:
+    """The body arrives after the answer (the client sent its headers first): the next
+    request on that connection is answered, as clients like `openai` expect."""
+    async with running_server(api_key="k") as server:
+        stream = await server.connect()
+        head = post(path, COMPLETION, JSON)
+        await stream.send_all(head[: -len(COMPLETION)])
+        reader = Reader(stream)
+        await trio.sleep(0.05)  # the server answers in this time, without the body
+        await stream.send_all(COMPLETION)
+        status, headers, _ = await reader.response()
+        assert status in (401, 404) and "connection" not in headers
+        await stream.send_all(get("/health"))
+        assert (await reader.response())[0] == 200
+
+
+async def test_an_answer_whose_body_never_comes_closes_the_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It says so (`Connection: close`), so that the client does not send into it."""
+    monkeypatch.setattr(keep_alive, "BODY_LINGER", 0.1)
+    async with running_server() as server:
+        stream = await server.connect()
+        await stream.send_all(post("/nowhere", COMPLETION)[: -len(COMPLETION)])
+        reader = Reader(stream)
+        status, headers, _ = await reader.response()
+        assert status == 404 and headers["connection"] == "close"
+        assert await reader.until_closed() == b""
+
+
+async def test_connections_beyond_the_cap_get_503_until_one_closes() -> None:
+    limits = ConnectionLimits(max_connections=2, keep_alive_timeout=60)
+    async with running_server(limits) as server:
+        held = [await server.connect() for _ in range(2)]
+        await held[0].send_all(get("/health"))
+        assert (await Reader(held[0]).response())[0] == 200  # both are accepted by now
+        refused = await server.connect()
+        await refused.send_all(get("/health"))
+        reader = Reader(refused)
+        status, headers, body = await reader.response()
+        assert status == 503 and headers["retry-after"] == "1"
+        assert json.loads(body)["error"]["code"] == "too_many_connections"
+        assert await reader.until_closed() == b""
+        await held[1].aclose()
+        with trio.fail_after(PATIENCE):
+            while True:  # the server notices the close as soon as it reads
+                stream = await server.connect()
+                await stream.send_all(get("/metrics"))
+                status, _, body = await Reader(stream).response()
+                if status == 200:
+                    break
+                await trio.sleep(0.01)
+        assert metric(body, "runtime:http_connections_refused_total") >= 1
+        assert metric(body, "runtime:http_connections_open") == 2  # held[0] and this one
+
+
+async def test_a_client_that_stops_reading_loses_its_connection_and_request() -> None:
+    limits = ConnectionLimits(send_timeout=0.5)
+    body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 10**5, "stream": True}).encode()
+    async with running_server(limits) as server:
+        stream = await server.connect()
+        stream.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+        await stream.send_all(post("/v1/completions", body, JSON))
+        await eventually(lambda: bool(server.engine.requests))
+        rid = server.engine.requests[0][2]
+        await eventually(lambda: rid in server.engine.aborted)  # the send timed out: cancelled
+        assert rid not in server.engine.finished
+        with trio.fail_after(PATIENCE), contextlib.suppress(trio.BrokenResourceError):
+            while await stream.receive_some(2**20):  # what was sent before, then the close
+                pass
+        probe = await server.connect()
+        await probe.send_all(get("/metrics"))
+        _, _, metrics = await Reader(probe).response()
+        assert metric(metrics, "runtime:http_send_timeouts_total") == 1
