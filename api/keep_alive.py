@@ -41,7 +41,8 @@ class KeepAliveMiddleware:
             await self.app(scope, receive, send)
             return
         body = _BodyWatch(receive)
-        await self.app(scope, body.receive, _ResponseSender(send, body).send)
+        http1 = scope.get("http_version") in ("1.0", "1.1")  # HTTP/2 has no Connection header
+        await self.app(scope, body.receive, _ResponseSender(send, body, http1).send)
 
 
 class _BodyWatch:
@@ -59,12 +60,13 @@ class _BodyWatch:
 
 
 class _ResponseSender:
-    def __init__(self, send: Send, body: _BodyWatch) -> None:
+    def __init__(self, send: Send, body: _BodyWatch, http1: bool) -> None:
         self._send = send
         self._body = body
+        self._http1 = http1
 
     async def send(self, message: ASGISendEvent) -> None:
-        if message["type"] == "http.response.start":
+        if message["type"] == "http.response.start" and self._http1:
             message = await self._start(message)
         if message["type"] == "http.response.body" and not message.get("more_body", False):
             with trio.CancelScope(shield=True):  # see the module docstring

@@ -8,7 +8,9 @@ import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -113,6 +115,7 @@ def metric(exposition: bytes, name: str) -> float:
 
 COMPLETION = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 3}).encode()
 JSON = b"Content-Type: application/json"
+HEADERS = {"Content-Type": "application/json"}
 
 
 async def test_idle_keep_alive_connections_are_closed() -> None:
@@ -227,3 +230,37 @@ async def test_a_client_that_stops_reading_loses_its_connection_and_request() ->
         await probe.send_all(get("/metrics"))
         _, _, metrics = await Reader(probe).response()
         assert metric(metrics, "runtime:http_send_timeouts_total") == 1
+
+
+async def test_http2_prior_knowledge_is_served_too() -> None:
+    """HTTP/2 has no Connection header: an early answer must not try to send one."""
+    async with running_server() as server:
+        url = f"http://{server.host}:{server.port}"
+        async with httpx.AsyncClient(http1=False, http2=True, base_url=url) as http:
+            response = await http.post("/nowhere", json={"a": 1})
+            assert (response.http_version, response.status_code) == ("HTTP/2", 404)
+            response = await http.post("/v1/completions", content=COMPLETION, headers=HEADERS)
+            assert response.status_code == 200
+
+
+@pytest.mark.parametrize(("version", "closes"), [("1.1", True), ("1.0", True), ("2", False)])
+async def test_only_http_1_answers_say_connection_close(
+    version: str, closes: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An early answer whose body never comes: HTTP/2 forbids the header (a stream ends alone)."""
+    monkeypatch.setattr(keep_alive, "BODY_LINGER", 0.01)
+    sent: list[dict[str, Any]] = []
+
+    async def app(scope: object, receive: object, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 404, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def body_never_comes() -> None:
+        await trio.sleep_forever()
+
+    async def record(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "http_version": version}
+    await keep_alive.KeepAliveMiddleware(app)(scope, body_never_comes, record)
+    assert ((b"connection", b"close") in sent[0]["headers"]) == closes
