@@ -7,9 +7,12 @@ first a quiet run records each prompt's greedy output; then `--requests` request
 `--concurrency` at once, each drawn at random from: a good completion (whole or streamed, its
 text must equal the quiet run's), a stream dropped after a few chunks, bad input (bad JSON, an
 unknown field, a prompt past the context, a lone surrogate, a nested body), `/generate` reusing
-a request id while it runs (a 400) and right after (served), and a stalled reader that stops
-reading a stream for a while. Prints requests by kind and outcome, wrong answers, and the API
-and worker RSS, the API's open file descriptors and the KV cache in use before and after.
+a request id while it runs (a 400) and right after (served), a stalled reader that stops
+reading a stream for a while, a POST to an unknown route on a reused connection (a 404, then
+the connection serves on), and a connection opened and left idle (the server must close it).
+Prints requests by kind and outcome, wrong answers, the RSS of each process, the API's open
+file descriptors and the KV cache in use before and after, and RSS along the way (a leak
+grows with requests; a warm-up does not).
 """
 
 from __future__ import annotations
@@ -42,17 +45,22 @@ BAD_BODIES: list[bytes] = [
 
 def snapshot(server_pid: int, url: str) -> dict[str, float]:
     """RSS by process (MB), the API's open fds, and what /metrics says is in use."""
+    figures = rss_by_process(server_pid)
+    figures["api_fds"] = len(os.listdir(f"/proc/{server_pid}/fd"))
+    metrics = httpx.get(url + "/metrics").text
+    for name in ("kv_cache_usage_perc", "num_requests_running", "num_requests_waiting"):
+        match = re.search(rf"^runtime:{name} (\S+)$", metrics, re.MULTILINE)
+        figures[name] = float(match.group(1)) if match else -1.0
+    return figures
+
+
+def rss_by_process(server_pid: int) -> dict[str, float]:
     figures: dict[str, float] = {}
     for pid in process_tree(server_pid):
         name = process_name(pid)
         status = Path(f"/proc/{pid}/status").read_text()
         rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
         figures[f"rss_{name}_mb"] = figures.get(f"rss_{name}_mb", 0.0) + rss
-    figures["api_fds"] = len(os.listdir(f"/proc/{server_pid}/fd"))
-    metrics = httpx.get(url + "/metrics").text
-    for name in ("kv_cache_usage_perc", "num_requests_running", "num_requests_waiting"):
-        match = re.search(rf"^runtime:{name} (\S+)$", metrics, re.MULTILINE)
-        figures[name] = float(match.group(1)) if match else -1.0
     return figures
 
 
@@ -78,11 +86,12 @@ class Soak:
         self.rng = random.Random(seed)
         self.outcomes: Counter[str] = Counter()
         self.wrong: list[str] = []
+        self.trail: list[tuple[int, dict[str, float]]] = []  # (requests started, RSS by process)
 
     async def one(self, http: httpx.AsyncClient, i: int) -> None:
         kind = self.rng.choices(
-            ["good", "good_stream", "drop", "bad", "rid_reuse", "stall"],
-            weights=[30, 30, 15, 15, 8, 2],
+            ["good", "good_stream", "drop", "bad", "rid_reuse", "stall", "unknown_route", "idle"],
+            weights=[30, 30, 15, 13, 8, 2, 1, 1],
         )[0]
         try:
             await getattr(self, kind)(http, i)
@@ -139,9 +148,25 @@ class Soak:
                 break
             await trio.sleep(2.0)  # not reading: the server's send backs up
 
+    async def unknown_route(self, http: httpx.AsyncClient, i: int) -> None:
+        response = await http.post("/v1/nowhere", json={"model": "m", "prompt": "x"})
+        if response.status_code != 404 or "error" not in response.json():
+            self.wrong.append(f"unknown route: {response.status_code}")
 
-async def soak(url: str, args: argparse.Namespace, expected: dict[str, str]) -> Soak:
+    async def idle(self, http: httpx.AsyncClient, i: int) -> None:
+        host, port = self.url.removeprefix("http://").split(":")
+        stream = await trio.open_tcp_stream(host, int(port))
+        with trio.move_on_after(30):  # the server's keep-alive timeout is 5 s
+            if await stream.receive_some(1) == b"":
+                await stream.aclose()
+                return
+        self.wrong.append("an idle connection was not closed")
+        await stream.aclose()
+
+
+async def soak(url: str, pid: int, args: argparse.Namespace, expected: dict[str, str]) -> Soak:
     run = Soak(url, expected, seed=0)
+    every = max(1, args.requests // 10)
     limiter = trio.CapacityLimiter(args.concurrency)
     with trio.move_on_after(args.max_seconds):
         async with (
@@ -151,6 +176,8 @@ async def soak(url: str, args: argparse.Namespace, expected: dict[str, str]) -> 
             trio.open_nursery() as nursery,
         ):
             for i in range(args.requests):
+                if i % every == 0:
+                    run.trail.append((i, rss_by_process(pid)))
                 await limiter.acquire_on_behalf_of(i)
                 nursery.start_soon(release_after, limiter, i, run.one, http, i)
     return run
@@ -174,14 +201,17 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-seconds", type=float, default=900.0)
+    parser.add_argument(
+        "--kv-cache-memory", default="256MiB", help="the server's KV pool (small: more eviction)"
+    )
     args = parser.parse_args()
     model = args.model or str(builtin_model_dir())
-    with ours(model, "float32", "m") as server:
+    with ours(model, "float32", "m", ["--kv-cache-memory", args.kv_cache_memory]) as server:
         pid = server.process.pid
         expected = trio.run(quiet_run, server.url)
         before = snapshot(pid, server.url)
         started = time.monotonic()
-        run = trio.run(soak, server.url, args, expected)
+        run = trio.run(soak, server.url, pid, args, expected)
         elapsed = time.monotonic() - started
         time.sleep(3.0)  # let aborted requests and closed sockets settle
         after = snapshot(pid, server.url)
@@ -192,6 +222,10 @@ def main() -> None:
     print(f"{'':24} {'before':>10} {'after':>10}")
     for key in before:
         print(f"{key:24} {before[key]:>10.2f} {after.get(key, float('nan')):>10.2f}")
+    names = list(run.trail[0][1]) if run.trail else []
+    print("RSS (MB) as requests start:", *(f"{n.removeprefix('rss_'):>16}" for n in names))
+    for started, figures in run.trail:
+        print(f"{started:>27}", *(f"{figures.get(n, float('nan')):>16.1f}" for n in names))
 
 
 if __name__ == "__main__":
