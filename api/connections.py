@@ -38,7 +38,13 @@ logger = logging.getLogger("runtime.server")
 
 # A refused connection: how long we read (and drop) its request before closing, so that the
 # kernel does not reset the connection with our 503 still unread (see keep_alive.BODY_LINGER).
+# Beyond MAX_REFUSING such connections at once, new ones are closed without a word: lingering
+# holds a file descriptor, and the cap exists to bound those.
 REFUSAL_LINGER = 1.0
+MAX_REFUSING = 64
+# A send is cut into pieces of this size, each with its own deadline: the timeout is for a
+# client that takes nothing, not for a slow one that reads a large answer steadily.
+SEND_PIECE = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +58,11 @@ class ConnectionLimits:
 class ConnectionStats:
     open: int = 0
     refused: int = 0
+    refusing: int = 0  # refused connections still lingering
     send_timeouts: int = 0
+
+    def count_send_timeout(self) -> None:
+        self.send_timeouts += 1
 
 
 async def serve_http(
@@ -106,7 +116,14 @@ async def _connection(
 ) -> None:
     if stats.open >= limits.max_connections:
         stats.refused += 1
-        await _refuse(stream)
+        if stats.refusing >= MAX_REFUSING:
+            await stream.aclose()
+            return
+        stats.refusing += 1
+        try:
+            await _refuse(stream)
+        finally:
+            stats.refusing -= 1
         return
     stats.open += 1
     try:
@@ -169,15 +186,18 @@ class TimedSendStream(trio.abc.HalfCloseableStream):
         return self._stream.socket
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        with trio.move_on_after(self._timeout) as scope:  # inside hypercorn's shield: still fires
-            await self._stream.send_all(data)
-        if scope.cancelled_caught:
-            self._stats.send_timeouts += 1
-            logger.warning(
-                "closing a connection: its client took no data for %.0f s", self._timeout
-            )
-            await self._stream.aclose()
-            raise trio.BrokenResourceError("the client stopped reading")
+        view = memoryview(data)
+        for start in range(0, max(len(view), 1), SEND_PIECE):
+            with trio.move_on_after(self._timeout) as scope:  # inside hypercorn's shield: fires
+                await self._stream.send_all(view[start : start + SEND_PIECE])
+            if scope.cancelled_caught:
+                await self._give_up()
+
+    async def _give_up(self) -> None:
+        self._stats.count_send_timeout()
+        logger.warning("closing a connection: its client took no data for %.0f s", self._timeout)
+        await self._stream.aclose()
+        raise trio.BrokenResourceError("the client stopped reading")
 
     async def wait_send_all_might_not_block(self) -> None:
         await self._stream.wait_send_all_might_not_block()

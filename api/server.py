@@ -50,11 +50,12 @@ async def serve(
     server_done = trio.Event()
 
     async def run_hypercorn(*, task_status: trio.TaskStatus[list[str]]) -> None:
+        stats = server_state(app).connections
         await serve_http(
-            KeepAliveMiddleware(app),
+            KeepAliveMiddleware(app, limits.send_timeout, stats.count_send_timeout),
             config,
             limits,
-            server_state(app).connections,
+            stats,
             host=host,
             port=port,
             shutdown_trigger=shutdown.wait,

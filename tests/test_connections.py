@@ -10,11 +10,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import h2.config
+import h2.connection
+import h2.settings
 import httpx
 import pytest
 import trio
 
-from api import keep_alive
+from api import connections, keep_alive
 from api.connections import ConnectionLimits
 from api.server import serve
 from api.state import ServerSettings
@@ -262,5 +265,75 @@ async def test_only_http_1_answers_say_connection_close(
         sent.append(message)
 
     scope = {"type": "http", "http_version": version}
-    await keep_alive.KeepAliveMiddleware(app)(scope, body_never_comes, record)
+    await keep_alive.KeepAliveMiddleware(app, send_timeout=1.0)(scope, body_never_comes, record)
     assert ((b"connection", b"close") in sent[0]["headers"]) == closes
+
+
+async def test_an_http2_stream_whose_window_stays_shut_is_cancelled() -> None:
+    """The socket stays writable (hypercorn buffers the stream's data), so only the response's
+    own deadline can end it; once the client leaves, nothing of its connection is left."""
+    stream_body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 1000, "stream": True})
+    async with running_server(ConnectionLimits(send_timeout=0.2)) as server:
+        stream = await server.connect()
+        h2_client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        h2_client.local_settings = h2.settings.Settings(
+            client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0}
+        )
+        h2_client.initiate_connection()
+        headers = [(":method", "POST"), (":path", "/v1/completions"), (":scheme", "http")]
+        h2_client.send_headers(
+            1, [*headers, (":authority", "t"), ("content-type", "application/json")]
+        )
+        h2_client.send_data(1, stream_body.encode(), end_stream=True)
+        await stream.send_all(h2_client.data_to_send())
+        await until_metric(server, "runtime:http_send_timeouts_total", lambda n: n == 1)
+        assert not server.engine.open  # the request's task is gone
+        await stream.aclose()
+        # the scrape's own connection is the only one left
+        await until_metric(server, "runtime:http_connections_open", lambda n: n == 1)
+
+
+async def until_metric(server: Server, name: str, ok: Callable[[float], bool]) -> None:
+    with trio.fail_after(PATIENCE):
+        while not ok(metric(await scrape(server), name)):  # noqa: ASYNC110 (polls /metrics)
+            await trio.sleep(0.05)
+
+
+async def scrape(server: Server) -> bytes:
+    probe = await server.connect()
+    await probe.send_all(get("/metrics"))
+    _, _, metrics = await Reader(probe).response()
+    await probe.aclose()
+    return metrics
+
+
+async def test_refusals_beyond_a_few_are_closed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refusal lingers to deliver its 503; lingering refusals are bounded, like connections."""
+    monkeypatch.setattr(connections, "MAX_REFUSING", 1)
+    async with running_server(ConnectionLimits(max_connections=1, keep_alive_timeout=60)) as server:
+        held = await server.connect()
+        await held.send_all(get("/health"))
+        await Reader(held).response()
+        lingering = await server.connect()  # sends nothing: its refusal lingers
+        assert (await Reader(lingering).response())[0] == 503
+        dropped = await server.connect()
+        assert await Reader(dropped).until_closed() == b""  # not even a 503
+
+
+async def test_a_slow_client_that_keeps_reading_gets_its_whole_answer() -> None:
+    """The send timeout is for a client that takes nothing, not for a large answer read
+    steadily for longer than the timeout."""
+    body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 100_000}).encode()
+    async with running_server(ConnectionLimits(send_timeout=0.5)) as server:
+        stream = await server.connect()
+        stream.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 16384)
+        await stream.send_all(post("/v1/completions", body, JSON))
+        received = b""
+        started = trio.current_time()
+        while b'"usage"' not in received[-400:]:
+            with trio.fail_after(PATIENCE):
+                data = await stream.receive_some(16384)
+            assert data, "the server closed the connection"
+            received += data
+            await trio.sleep(0.02)  # about 800 kB/s
+        assert len(received) > 500_000 and trio.current_time() - started > 0.5
