@@ -14,7 +14,7 @@ from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from api import native_api, openai_api
+from api import control_api, native_api, openai_api
 from api.errors import APIError, engine_stopped, timed_out
 from api.openapi import openapi
 from api.schemas import DetokenizeRequest, TokenizeRequest
@@ -37,6 +37,7 @@ def create_app(engine: EngineClient, settings: ServerSettings) -> QuartTrio:
     _register_basics(app, state)
     openai_api.register(app, state)
     native_api.register(app, state)
+    control_api.register(app, state)
     _register_errors(app)
     return app
 
@@ -48,7 +49,7 @@ def server_state(app: QuartTrio) -> ServerState:
 
 def _register_basics(app: QuartTrio, state: ServerState) -> None:
     created = int(time.time())
-    document = openapi(version("trio-llm-runtime"))
+    document = openapi(version("trio-llm-runtime"), control=state.settings.enable_control_api)
 
     @app.before_request
     async def authenticate() -> None:

@@ -167,6 +167,19 @@ class Client:
         async for data in self._stream("/v1/chat/completions", body):
             yield ChatCompletion.parse(data)
 
+    # -- steering (the server needs --enable-control-api) --------------------------------
+
+    async def pause_generation(self, mode: str = "abort") -> None:
+        """Pause: "abort" ends open requests with their output so far, "wait" lets them
+        finish, "keep" freezes them for `continue_generation`; new requests wait meanwhile."""
+        await self._request("POST", "/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> None:
+        await self._request("POST", "/continue_generation", {})
+
+    async def is_paused(self) -> bool:
+        return bool((await self._request("GET", "/is_paused"))["is_paused"])
+
     async def _model(self, model: str | None) -> str:
         """The given model, or the first one the server lists (asked once)."""
         if model is not None:

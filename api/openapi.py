@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from api import control_api
 from api.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -46,11 +47,13 @@ ERROR = {
 }
 
 
-def openapi(version: str) -> dict[str, Any]:
-    """An OpenAPI 3.1 document: request bodies exactly as validated, errors as answered."""
+def openapi(version: str, *, control: bool = False) -> dict[str, Any]:
+    """An OpenAPI 3.1 document: request bodies exactly as validated, errors as answered.
+    `control`: the control routes are on."""
     schemas: dict[str, Any] = {"Error": ERROR}
     paths: dict[str, Any] = {}
-    for path, (model, summary) in BODIES.items():
+    bodies = BODIES | (control_api.BODIES if control else {})
+    for path, (model, summary) in bodies.items():
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
@@ -65,8 +68,10 @@ def openapi(version: str) -> dict[str, Any]:
                 "responses": _responses(),
             }
         }
-    for path, summary in GETS.items():
+    for path, summary in (GETS | (control_api.GETS if control else {})).items():
         paths[path] = {"get": {"summary": summary, "responses": _responses()}}
+    for path, summary in (control_api.POSTS if control else {}).items():
+        paths[path] = {"post": {"summary": summary, "responses": _responses()}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "trio-llm-runtime", "version": version},

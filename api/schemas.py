@@ -249,3 +249,16 @@ class TokenizeRequest(Strict):
 class DetokenizeRequest(Strict):
     model: str | None = None
     tokens: list[Annotated[int, Field(ge=0)]]
+
+
+PauseMode = Literal["abort", "wait", "keep"]
+
+
+class PauseGenerationRequest(Strict):
+    """SGLang's `POST /pause_generation`."""
+
+    mode: PauseMode = "abort"
+
+
+class ContinueGenerationRequest(Strict):
+    """SGLang's `POST /continue_generation` (no fields)."""

@@ -33,6 +33,7 @@ class ServerSettings:
         health_timeout: seconds the actors get to answer a /health ping.
         request_timeout: seconds a request may run before it ends with a 408 error (None:
             no limit).
+        enable_control_api: serve the routes that steer the engine (pause, resume...).
     """
 
     served_model_name: str
@@ -40,6 +41,7 @@ class ServerSettings:
     max_open_requests: int = 4096
     health_timeout: float = 5.0
     request_timeout: float | None = None
+    enable_control_api: bool = False
 
 
 @dataclass(slots=True)
@@ -53,9 +55,12 @@ class ServerState:
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.engine, self.connections)
 
-    async def parse(self, model: type[Model]) -> Model:
-        """The request's JSON body as `model`, or an APIError(400) naming what is wrong."""
+    async def parse(self, model: type[Model], *, optional: bool = False) -> Model:
+        """The request's JSON body as `model`, or an APIError(400) naming what is wrong. An
+        `optional` body may be empty (every field has its default)."""
         raw = await request.get_data()
+        if optional and not raw.strip():
+            raw = b"{}"
         try:
             body = json.loads(raw)
         except RecursionError:

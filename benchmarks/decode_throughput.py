@@ -22,7 +22,8 @@ import trio
 from runtime.builtin_model import builtin_model_dir
 from runtime.config import EngineConfig
 from runtime.engine_client import EngineStats
-from runtime.frontend.engine import Engine, open_engine
+from runtime.frontend.engine import Engine
+from runtime.frontend.launch import open_engine
 from runtime.sampling_params import SamplingParams
 
 

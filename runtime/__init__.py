@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from runtime.config import EngineConfig
     from runtime.engine_client import RequestOutput
-    from runtime.frontend.engine import Engine, open_engine
+    from runtime.frontend.engine import Engine
+    from runtime.frontend.launch import open_engine
     from runtime.sampling_params import SamplingParams
 
 __all__ = ["Engine", "EngineConfig", "RequestOutput", "SamplingParams", "open_engine"]
 
 _WHERE = {
     "Engine": "runtime.frontend.engine",
-    "open_engine": "runtime.frontend.engine",
+    "open_engine": "runtime.frontend.launch",
     "EngineConfig": "runtime.config",
     "RequestOutput": "runtime.engine_client",
     "SamplingParams": "runtime.sampling_params",

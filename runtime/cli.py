@@ -150,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         "request cancelled",
     )
     serve.add_argument(
+        "--enable-control-api",
+        action="store_true",
+        help="serve the routes that steer the engine (/pause_generation, /pause, "
+        "/continue_generation...); anyone who can reach them can stop generation for all, "
+        "so set an API key too",
+    )
+    serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
     )
     make = commands.add_parser("make-model", help="write a tiny deterministic test checkpoint")
@@ -230,7 +237,7 @@ async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: t
     from api.connections import ConnectionLimits
     from api.server import serve
     from api.state import ServerSettings
-    from runtime.frontend.engine import ACTOR_DEATH_GRACE, open_engine
+    from runtime.frontend.launch import ACTOR_DEATH_GRACE, open_engine
     from runtime.supervisor import ActorDiedError
 
     raise_open_file_limit(args.max_connections)
@@ -260,6 +267,7 @@ async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: t
                 api_key=args.api_key,
                 max_open_requests=args.max_open_requests,
                 request_timeout=args.request_timeout or None,
+                enable_control_api=args.enable_control_api,
             )
             # server_stopped is set once the server nursery has exited, however it exits
             async with _set_on_exit(server_stopped), trio.open_nursery() as server:

@@ -144,6 +144,20 @@ class EngineClient(Protocol):
         """Return once no request is open."""
         ...
 
+    @property
+    def is_paused(self) -> bool: ...
+
+    async def pause(self, mode: str = "abort") -> None:
+        """Stop generating until `resume`; requests that arrive meanwhile wait, in order.
+        `mode`: "abort" (open requests end now, with their output so far), "wait" (they
+        finish first) or "keep" (they freeze, KV kept, and continue on resume). ValueError
+        for another mode, or if already paused."""
+        ...
+
+    async def resume(self) -> None:
+        """Continue after `pause`; a no-op if not paused."""
+        ...
+
     async def check_health(self) -> None:
         """Return once every actor has answered; callers put a deadline around it."""
         ...

@@ -68,6 +68,7 @@ class CoreHarness:
     def step(self, abort_in_flight: tuple[str, ...] = ()) -> ScheduledStep | None:
         """One turn of the actor's loop: maybe schedule a step, maybe retire the oldest."""
         scheduled = self.pipeline.schedule_next()
+        assert scheduled is None or self.sched.pause_mode != "keep", "computed while paused"
         if scheduled is not None:
             plan = decode(encode(plan_message(scheduled)))  # what the worker gets
             assert isinstance(plan, StepPlan)
@@ -131,7 +132,10 @@ class CoreHarness:
             assert len(seq.block_table) == -(-seq.num_computed_tokens // bm.block_size)
             assert len(set(seq.block_table)) == len(seq.block_table)
             assert 0 <= seq.num_pending_tokens <= self.depth
+        for seq in sched.held:
+            assert seq.status is SequenceStatus.HELD and not seq.block_table
+            assert sched.pause_mode is not None
         assert len(sched.running) <= sched.max_num_seqs
-        assert set(sched.by_rid) == {s.rid for s in live}
-        if self.pipeline.idle:
+        assert set(sched.by_rid) == {s.rid for s in live + sched.held}
+        if self.pipeline.idle and sched.pause_mode != "keep":
             assert bm.num_free_blocks == bm.num_blocks

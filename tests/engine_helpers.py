@@ -1,13 +1,26 @@
+"""Helpers for tests of the engine: prompts, collecting outputs, and `fake_engine` (the real
+frontend and scheduler actor with tests/fake_worker.py's model-free worker, in memory)."""
+
 from __future__ import annotations
 
+import functools
+import math
 import random
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 
 import trio
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from runtime.config import EngineConfig
 from runtime.engine_client import RequestOutput
 from runtime.frontend.engine import Engine
+from runtime.model_info import ModelInfo, load_model_info
 from runtime.sampling_params import SamplingParams
+from tests.fake_worker import start_actors
+
+NUM_BLOCKS = 24  # fake_engine's KV pool
 
 
 def random_prompts(lengths: list[int], seed: int = 0, vocab: int = 4096) -> list[list[int]]:
@@ -50,3 +63,33 @@ async def collect_all(engine: Engine, prompts: list, params: SamplingParams) -> 
         for i in range(len(prompts)):
             nursery.start_soon(one, i)
     return results
+
+
+@functools.cache
+def model_files(model: str) -> tuple[ModelInfo, PreTrainedTokenizerBase]:
+    info = load_model_info(EngineConfig(model=model))
+    return info, AutoTokenizer.from_pretrained(model)
+
+
+@asynccontextmanager
+async def fake_engine(
+    model: Path, depth: int, hang_after: float = math.inf
+) -> AsyncIterator[Engine]:
+    """The real engine (frontend and scheduler actor) with the model-free worker: every run
+    is deterministic, and trio's autojump clock works."""
+    config = EngineConfig(
+        model=str(model),
+        mode="inproc",
+        max_model_len=64,
+        block_size=4,
+        max_num_seqs=3,
+        max_num_batched_tokens=12,
+        max_steps_in_flight=depth,
+    )
+    info, tokenizer = model_files(str(model))
+    engine = Engine(config, info, tokenizer)
+    async with trio.open_nursery() as nursery:
+        frontend = start_actors(nursery, config, info.eos_token_ids, NUM_BLOCKS, hang_after)
+        await nursery.start(engine.run, frontend)
+        yield engine
+        nursery.cancel_scope.cancel()

@@ -35,6 +35,7 @@ class FakeEngine(EngineClient):
     finished: list[str] = field(default_factory=list)
     open: set[str] = field(default_factory=set)
     step: trio.Event | None = None  # if set, each output waits for it (tests pace streams)
+    paused: str | None = None  # the pause mode, while paused (nothing else changes)
 
     @property
     def model_card(self) -> ModelCard:
@@ -104,6 +105,22 @@ class FakeEngine(EngineClient):
 
     async def wait_no_requests(self) -> None:
         await trio.lowlevel.checkpoint()
+
+    @property
+    def is_paused(self) -> bool:
+        return self.paused is not None
+
+    async def pause(self, mode: str = "abort") -> None:
+        await trio.lowlevel.checkpoint()
+        if mode not in ("abort", "wait", "keep"):
+            raise ValueError(f"mode must be one of abort, wait, keep, not {mode!r}")
+        if self.paused is not None:
+            raise ValueError("the engine is already paused")
+        self.paused = mode
+
+    async def resume(self) -> None:
+        await trio.lowlevel.checkpoint()
+        self.paused = None
 
     async def check_health(self) -> None:
         if not self.healthy:

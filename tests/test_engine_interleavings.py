@@ -9,10 +9,7 @@ wrong request shows.
 
 from __future__ import annotations
 
-import functools
-import math
-from collections.abc import AsyncIterator
-from contextlib import aclosing, asynccontextmanager
+from contextlib import aclosing
 from pathlib import Path
 
 import pytest
@@ -20,45 +17,14 @@ import trio
 import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from runtime.config import EngineConfig
 from runtime.engine_client import RequestTimeoutError
 from runtime.frontend.engine import Engine
-from runtime.model_info import ModelInfo, load_model_info
 from runtime.sampling_params import SamplingParams
-from tests.fake_worker import expected_output, start_actors
+from tests.engine_helpers import NUM_BLOCKS, fake_engine
+from tests.fake_worker import expected_output
 
-NUM_BLOCKS = 24
 LABELS = "abc"
-
-
-@functools.cache
-def model_files(model: str) -> tuple[ModelInfo, PreTrainedTokenizerBase]:
-    info = load_model_info(EngineConfig(model=model))
-    return info, AutoTokenizer.from_pretrained(model)
-
-
-@asynccontextmanager
-async def fake_engine(
-    model: Path, depth: int, hang_after: float = math.inf
-) -> AsyncIterator[Engine]:
-    config = EngineConfig(
-        model=str(model),
-        mode="inproc",
-        max_model_len=64,
-        block_size=4,
-        max_num_seqs=3,
-        max_num_batched_tokens=12,
-        max_steps_in_flight=depth,
-    )
-    info, tokenizer = model_files(str(model))
-    engine = Engine(config, info, tokenizer)
-    async with trio.open_nursery() as nursery:
-        frontend = start_actors(nursery, config, info.eos_token_ids, NUM_BLOCKS, hang_after)
-        await nursery.start(engine.run, frontend)
-        yield engine
-        nursery.cancel_scope.cancel()
 
 
 # ("start", label, prompt, max_tokens, stop strings, how it ends, after how many outputs)

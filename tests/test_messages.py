@@ -7,12 +7,15 @@ from runtime.sampling_params import SamplingParams
 from runtime.wire.codec import _TAG_OF, WireError, decode, encode
 from runtime.wire.messages import (
     AddRequest,
+    ControlDone,
     EngineReady,
     NewSeq,
+    Pause,
     Ping,
     Pong,
     Probe,
     Rejected,
+    Resume,
     SchedulerStats,
     StepOutputs,
     StepPlan,
@@ -54,6 +57,10 @@ EXAMPLES = [
     STATS,
     StepOutputs(("a", "b"), (1, 2), (-0.1, -0.2), (None, "stop"), (0, 16), STATS, WORKER_STATS),
     AddRequest("\ud800", (1,), 1, SamplingParams(stop=("\udfff",))),  # lone surrogates from JSON
+    Pause(5, "keep"),
+    Resume(6),
+    ControlDone(5, ""),
+    ControlDone(6, "the engine is already paused"),
 ]
 
 

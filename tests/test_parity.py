@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from runtime.config import EngineConfig
-from runtime.frontend.engine import open_engine
+from runtime.frontend.launch import open_engine
 from runtime.sampling_params import SamplingParams
 from tests.conftest import ARCHS
 from tests.engine_helpers import collect, collect_all, random_prompts

@@ -15,14 +15,14 @@ import trio
 from runtime import ipc_dir
 from runtime.config import EngineConfig
 from runtime.engine_client import EngineDeadError
-from runtime.frontend.engine import open_engine
+from runtime.frontend.launch import open_engine
 from runtime.sampling_params import SamplingParams
 from runtime.supervisor import ActorDiedError
 
 PARENT = """
 import sys, trio
 from runtime.config import EngineConfig
-from runtime.frontend.engine import open_engine
+from runtime.frontend.launch import open_engine
 
 async def main():
     async with open_engine(EngineConfig(model=sys.argv[1], mode="process")) as engine:

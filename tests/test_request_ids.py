@@ -9,7 +9,8 @@ import pytest
 import trio
 
 from runtime.config import EngineConfig
-from runtime.frontend.engine import Engine, open_engine
+from runtime.frontend.engine import Engine
+from runtime.frontend.launch import open_engine
 from runtime.sampling_params import SamplingParams
 from tests.engine_helpers import collect, consume
 

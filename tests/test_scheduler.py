@@ -143,6 +143,8 @@ operations = st.lists(
         st.tuples(st.just("add"), prompts, st.integers(1, 12), st.booleans()),
         st.tuples(st.just("step"), st.lists(st.integers(0, 40), max_size=2)),
         st.tuples(st.just("abort"), st.integers(0, 40)),
+        st.tuples(st.just("pause"), st.sampled_from(["keep", "wait"])),
+        st.tuples(st.just("resume")),
     ),
     max_size=80,
 )
@@ -186,11 +188,74 @@ def test_no_interleaving_leaks_or_double_frees_a_block(
                 added += 1
         elif op[0] == "step":
             h.step(abort_in_flight=tuple(f"r{i}" for i in op[1]))
+        elif op[0] == "pause":
+            h.sched.pause(op[1])
+        elif op[0] == "resume":
+            h.sched.resume()
         else:
             h.abort(f"r{op[1]}")
         h.check_invariants()
     h.run_until_idle()
+    if h.sched.pause_mode != "keep":  # a "wait" pause runs what it admitted to its end
+        assert not h.sched.running and not h.sched.waiting
+    h.sched.resume()
+    h.run_until_idle()
     assert set(h.finished) == set(h.outputs)  # every request ended, exactly once
+    assert h.bm.num_free_blocks == h.bm.num_blocks
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_keep_pause_freezes_everything_and_resume_continues_exactly(depth: int) -> None:
+    """The same steps in the same order, only later: the same tokens."""
+
+    def run(pause_at: int | None) -> dict[str, list[int]]:
+        h = CoreHarness(depth=depth, max_num_batched_tokens=8)
+        for i in range(3):
+            h.add(f"r{i}", [1, 2, 3, i + 1], max_tokens=6)
+        for turn in range(200):
+            if turn == pause_at:
+                h.sched.pause("keep")
+                for _ in range(5):
+                    h.step()  # retires what was in flight, then nothing
+                assert not h.pipeline.in_flight and h.pipeline.schedule_next() is None
+                running = [(s.rid, list(s.block_table)) for s in h.sched.running]
+                for _ in range(5):
+                    h.step()
+                assert [(s.rid, list(s.block_table)) for s in h.sched.running] == running
+                h.sched.resume()
+            if h.pipeline.idle:
+                break
+            h.step()
+        return {rid: [o.token_id for o in outs] for rid, outs in h.outputs.items()}
+
+    assert run(pause_at=3) == run(pause_at=None)
+
+
+def test_arrivals_during_a_keep_pause_wait_behind_the_waiting() -> None:
+    h = CoreHarness(max_num_seqs=1)
+    h.add("first", [1], max_tokens=2)
+    h.add("second", [2], max_tokens=2)
+    h.step()
+    h.sched.pause("keep")
+    h.add("third", [3], max_tokens=2)
+    assert h.pipeline.idle and [s.rid for s in h.sched.held] == ["third"]
+    h.sched.resume()
+    assert [s.rid for s in h.sched.waiting] == ["second", "third"]
+    h.run_until_idle()
+    assert set(h.finished) == {"first", "second", "third"}
+
+
+def test_a_wait_pause_finishes_the_admitted_and_holds_arrivals() -> None:
+    h = CoreHarness()
+    h.add("early", [1, 2], max_tokens=4)
+    h.sched.pause("wait")
+    h.add("late", [1, 2], max_tokens=4)
+    h.run_until_idle()
+    assert h.finished == {"early": "length"} and h.sched.drained
+    h.abort("late")  # a held request can leave before it ever ran
+    assert h.finished["late"] == "abort" and not h.sched.held
+    h.sched.resume()
+    h.run_until_idle()
     assert h.bm.num_free_blocks == h.bm.num_blocks
 
 

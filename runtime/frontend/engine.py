@@ -1,4 +1,4 @@
-"""The frontend actor and the async engine API.
+"""The frontend actor and the async engine API (`runtime.frontend.launch` starts it).
 
     async with open_engine(EngineConfig(model="path/to/checkpoint")) as engine:
         async for out in engine.generate("Hello", SamplingParams(max_tokens=16)):
@@ -19,11 +19,10 @@ import itertools
 import math
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 import trio
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from runtime.config import EngineConfig
 from runtime.engine_client import (
@@ -35,29 +34,33 @@ from runtime.engine_client import (
     RequestOutput,
     RequestTimeoutError,
 )
+from runtime.frontend.calls import Calls
 from runtime.frontend.inputs import InputProcessor
 from runtime.frontend.outbox import Outbox
 from runtime.frontend.output_processor import OutputProcessor
 from runtime.frontend.request_stream import RequestStream
-from runtime.model_info import ModelInfo, load_model_info, resolve_max_model_len
+from runtime.model_info import ModelInfo
 from runtime.sampling_params import SamplingParams
-from runtime.supervisor import ActorDiedError, OnDeath, start_actors
 from runtime.wire.codec import WireError
 from runtime.wire.messages import (
     AddRequest,
+    ControlDone,
     EngineReady,
+    Pause,
+    Ping,
     Pong,
+    Probe,
     Rejected,
+    Resume,
     SchedulerStats,
     StepOutputs,
     WorkerStats,
 )
 from runtime.wire.transport import MessageChannel
 
-# Seconds the requests of a dead engine (and `on_actor_death`) get to report the error.
-ACTOR_DEATH_GRACE = 5.0
 # Seconds the scheduler gets to answer a probe of its own: it answers at once when alive.
 DIAGNOSE_TIMEOUT = 2.0
+PAUSE_MODES = ("abort", "wait", "keep")
 
 
 class Engine(EngineClient):
@@ -81,9 +84,8 @@ class Engine(EngineClient):
         self._no_requests = trio.Event()
         self._no_requests.set()
         self._call_order = itertools.count()
-        self._pongs: dict[int, trio.Event] = {}  # pings awaiting their answer
-        self._answers: dict[int, Pong] = {}
-        self._nonces = itertools.count()
+        self._calls = Calls(self._outbox)  # pings and control messages awaiting an answer
+        self._paused = False
         self._dead: BaseException | None = None
         self._prompt_tokens = 0
         self._dispatch_seconds = 0.0
@@ -113,8 +115,7 @@ class Engine(EngineClient):
         self._dead = self._dead or error  # the first cause is the one to report
         for stream in self._streams.values():
             stream.fail(EngineDeadError(str(error)))
-        for answered in self._pongs.values():
-            answered.set()
+        self._calls.wake_all()
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -205,6 +206,36 @@ class Engine(EngineClient):
     async def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         return await self.inputs.apply_chat_template_async(messages)
 
+    # -- steering ------------------------------------------------------------------------
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    async def pause(self, mode: str = "abort") -> None:
+        """Stop generating until `resume`. Requests that arrive meanwhile are queued, in order.
+
+        "abort": every open request ends now with finish_reason "abort" and the output it has;
+        returns once nothing runs and its KV is free. "wait": open requests finish normally;
+        returns when the last has. "keep": freezes at the next step boundary with the KV kept;
+        `resume` continues them as if nothing happened.
+        """
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"mode must be one of {', '.join(PAUSE_MODES)}, not {mode!r}")
+        self._check_alive()
+        if self._paused:
+            raise ValueError("the engine is already paused")
+        self._paused = True
+        if mode == "abort":
+            self.abort_all()  # leaves before the pause: their KV is freed first
+        await self._control(lambda nonce: Pause(nonce, "keep" if mode == "abort" else mode))
+
+    async def resume(self) -> None:
+        """Continue after `pause` (a no-op if not paused)."""
+        if self._paused:
+            await self._control(Resume)
+            self._paused = False
+
     # -- requests ------------------------------------------------------------------------
 
     async def _run(
@@ -269,26 +300,28 @@ class Engine(EngineClient):
     async def _ping(self, *, through_worker: bool = True) -> Pong:
         """A round trip through both actors (or to the scheduler only), after everything
         queued before it."""
+        answer = await self._ask(Ping if through_worker else Probe)
+        assert isinstance(answer, Pong)
+        return answer
+
+    async def _control(self, make: Callable[[int], object]) -> None:
+        """Send a control message (made from its nonce); ValueError if it failed."""
+        answer = await self._ask(make)
+        assert isinstance(answer, ControlDone)
+        if answer.error:
+            raise ValueError(answer.error)
+
+    async def _ask(self, make: Callable[[int], object]) -> Pong | ControlDone:
         self._check_alive()
-        nonce = next(self._nonces)
-        answered = self._pongs[nonce] = trio.Event()
-        self._outbox.ping(nonce, through_worker=through_worker)
-        try:
-            await answered.wait()
-        finally:
-            del self._pongs[nonce]
-            answer = self._answers.pop(nonce, None)
-        self._check_alive()  # woken by `fail`, not by a Pong
+        answer = await self._calls.ask(make)
+        self._check_alive()  # woken by `fail`, not by an answer
         assert answer is not None
         return answer
 
     async def _send_loop(self, channel: MessageChannel) -> None:
         while True:
-            submit, pings = await self._outbox.take()
-            if submit is not None:
-                await channel.send(submit)
-            for ping in pings:
-                await channel.send(ping)
+            for msg in await self._outbox.take():
+                await channel.send(msg)
 
     async def _receive_loop(self, channel: MessageChannel) -> None:
         while True:
@@ -306,9 +339,9 @@ class Engine(EngineClient):
                 case Pong(nonce=nonce, scheduler=scheduler, worker=worker):
                     self._scheduler_stats = scheduler or self._scheduler_stats
                     self._worker_stats = worker or self._worker_stats
-                    if nonce in self._pongs:
-                        self._answers[nonce] = msg
-                        self._pongs[nonce].set()
+                    self._calls.answer(nonce, msg)
+                case ControlDone(nonce=nonce):
+                    self._calls.answer(nonce, msg)
                 case _:
                     raise WireError(f"frontend got an unexpected {type(msg).__name__}")
 
@@ -327,45 +360,3 @@ class Engine(EngineClient):
             stream = streams.get(rid)
             if stream is not None:  # else: abandoned by its consumer while the step ran
                 stream.push(token_id, logprob, reason, cached)
-
-
-@asynccontextmanager
-async def open_engine(
-    config: EngineConfig, *, progress: bool = False, on_actor_death: OnDeath | None = None
-) -> AsyncIterator[Engine]:
-    """Start the scheduler and worker actors (processes or tasks, per `config.mode`).
-
-    If an actor process dies, every request fails with EngineDeadError, `on_actor_death` (if
-    given) is awaited, e.g. to let an HTTP server send those errors and stop, and then
-    ActorDiedError cancels everything: within ACTOR_DEATH_GRACE seconds in all.
-    """
-    info = load_model_info(config)
-    config = config.replace(max_model_len=resolve_max_model_len(config, info))
-    tokenizer = await trio.to_thread.run_sync(AutoTokenizer.from_pretrained, config.model)
-    engine: Engine | None = None  # set once it runs: a death during startup has nobody to tell
-
-    async def report_death(error: ActorDiedError) -> None:
-        """Shielded: even if the engine's user leaves meanwhile, the death is raised after."""
-        if engine is None:
-            return
-        engine.fail(error)
-        with trio.move_on_after(ACTOR_DEATH_GRACE, shield=True):
-            await engine.wait_no_requests()
-            if on_actor_death is not None:
-                await on_actor_death(error)
-
-    async with trio.open_nursery() as actors:
-        channel, processes = await start_actors(
-            actors, config, info.eos_token_ids, progress, report_death
-        )
-        with channel:  # closed only once the tasks using it have exited
-            starting = Engine(config, info, tokenizer, processes)
-            async with trio.open_nursery() as frontend:
-                await frontend.start(starting.run, channel)
-                engine = starting
-                try:
-                    yield engine
-                finally:
-                    engine.fail(EngineDeadError("the engine shut down"))
-                    frontend.cancel_scope.cancel()
-        actors.cancel_scope.cancel()

@@ -23,12 +23,15 @@ from runtime.scheduler.sequence import Sequence
 from runtime.wire.codec import WireError
 from runtime.wire.messages import (
     AddRequest,
+    ControlDone,
     EngineReady,
     NewSeq,
+    Pause,
     Ping,
     Pong,
     Probe,
     Rejected,
+    Resume,
     SchedulerStats,
     StepOutputs,
     StepPlan,
@@ -49,6 +52,7 @@ class SchedulerActor:
         self.worker_stats = WorkerStats()  # the latest the worker sent
         self._inbox: list[object] = []
         self._pongs: list[int] = []  # the worker answered these pings: relay them
+        self._pausing: list[int] = []  # nonces of Pause messages not answered yet
         self._inbox_changed = trio.Event()
         self._results_send, self._results = trio.open_memory_channel[StepResult](1)
         self._next_seq_id = 0
@@ -145,6 +149,18 @@ class SchedulerActor:
             pongs, self._pongs = self._pongs, []
             for nonce in pongs:  # the whole path answered
                 await frontend.send(Pong(nonce, self.statistics(), self.worker_stats))
+            if self._pausing and self._pause_took_hold():
+                pausing, self._pausing = self._pausing, []
+                for nonce in pausing:
+                    await frontend.send(ControlDone(nonce, ""))
+
+    def _pause_took_hold(self) -> bool:
+        """Nothing in flight and, in mode "wait", nothing admitted before the pause left; or
+        a resume came first."""
+        core = self.pipeline.scheduler
+        if core.pause_mode is None:
+            return True
+        return not self.pipeline.in_flight and (core.pause_mode == "keep" or core.drained)
 
     async def _drain_inbox(self, worker: MessageChannel, frontend: MessageChannel) -> bool:
         """Apply what the frontend sent; True if requests were added or aborted."""
@@ -163,6 +179,16 @@ class SchedulerActor:
                     self._num_aborts += len(aborts)
                 case Ping():
                     await worker.send(msg)
+                case Pause(nonce=nonce, mode=mode):
+                    try:
+                        self.pipeline.scheduler.pause(mode)
+                    except ValueError as exc:
+                        await frontend.send(ControlDone(nonce, str(exc)))
+                    else:
+                        self._pausing.append(nonce)
+                case Resume(nonce=nonce):
+                    self.pipeline.scheduler.resume()
+                    await frontend.send(ControlDone(nonce, ""))
                 case _:
                     raise WireError(f"scheduler got an unexpected {type(msg).__name__}")
         return submitted

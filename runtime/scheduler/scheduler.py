@@ -13,6 +13,10 @@ be scheduled before the previous one's result is back (`StepPipeline` keeps one 
 of the worker, hiding scheduling and messaging behind the model's forward). A sequence that hits
 EOS costs at most one wasted token that way; length limits are known ahead and cost nothing.
 
+A pause holds new requests back (in arrival order) until `resume`: in mode "keep" nothing is
+computed meanwhile (running sequences keep their KV, so they continue exactly where they were);
+in mode "wait" the requests admitted before the pause run to their end.
+
 Pure Python: no trio, nng, torch or wire messages, so tests drive it step by step.
 """
 
@@ -70,6 +74,8 @@ class Scheduler:
         self.vocab_size = vocab_size
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.held: list[Sequence] = []  # arrived during a pause
+        self.pause_mode: str | None = None  # "keep" or "wait" while paused
         self.by_rid: dict[str, Sequence] = {}
         self._released: list[int] = []  # seq ids to report to the worker with the next step
         self.num_steps = 0
@@ -90,7 +96,11 @@ class Scheduler:
                 f"exceeds max_model_len ({self.max_model_len})"
             )
         self.by_rid[seq.rid] = seq
-        self.waiting.append(seq)
+        if self.pause_mode is not None:
+            seq.status = SequenceStatus.HELD
+            self.held.append(seq)
+        else:
+            self.waiting.append(seq)
 
     def abort(self, rid: str) -> bool:
         """Drop a request wherever it is; returns False if it is unknown or already finished."""
@@ -101,7 +111,29 @@ class Scheduler:
         return True
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return self.pause_mode != "keep" and bool(self.waiting or self.running)
+
+    # -- pause ---------------------------------------------------------------------------
+
+    def pause(self, mode: str) -> None:
+        """Hold new requests back; "keep": compute nothing either, "wait": let the admitted
+        ones finish. Pausing again changes the mode."""
+        if mode not in ("keep", "wait"):
+            raise ValueError(f"pause mode must be 'keep' or 'wait', got {mode!r}")
+        self.pause_mode = mode
+
+    def resume(self) -> None:
+        """Go on: held requests queue behind the waiting ones, in their arrival order."""
+        self.pause_mode = None
+        for seq in self.held:
+            seq.status = SequenceStatus.WAITING
+        self.waiting.extend(self.held)
+        self.held.clear()
+
+    @property
+    def drained(self) -> bool:
+        """Nothing admitted before the pause is left (held requests do not count)."""
+        return not self.waiting and not self.running
 
     # -- one step ------------------------------------------------------------------------
 
@@ -231,6 +263,8 @@ class Scheduler:
             self._released.append(seq.seq_id)  # a waiting one has no state in the worker
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        elif seq.status is SequenceStatus.HELD:
+            self.held.remove(seq)
         self.block_manager.free_blocks(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -8,6 +8,7 @@ from runtime.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):
+    HELD = "held"  # arrived while the scheduler was paused: admitted on resume
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"

@@ -207,3 +207,31 @@ class StepOutputs:
     num_cached_tokens: tuple[int, ...]
     scheduler: SchedulerStats
     worker: WorkerStats  # the latest the scheduler has
+
+
+# -- control: the frontend steers the engine; each call is answered by one `ControlDone` ------
+
+
+@message(30)
+class Pause:
+    """Frontend → scheduler: hold new requests back; `mode` "keep" also stops computing (KV
+    kept), "wait" lets the admitted ones finish. Answered once that holds: nothing in flight,
+    and for "wait" nothing admitted left."""
+
+    nonce: int
+    mode: str
+
+
+@message(31)
+class Resume:
+    """Frontend → scheduler: go on; held requests start in arrival order. Answered at once."""
+
+    nonce: int
+
+
+@message(32)
+class ControlDone:
+    """The answer to a control message: `error` is empty if it succeeded."""
+
+    nonce: int
+    error: str

@@ -1,0 +1,90 @@
+"""Routes that steer the engine: SGLang's shapes, and vLLM's aliases for the same calls.
+
+They can stop generation for everyone, so they exist only when the server is started with
+`--enable-control-api`; without it each answers 404 saying so. Like every route but the public
+probes, they require the API key when one is set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import get_args
+
+from pydantic import BaseModel
+from quart import Response, jsonify, request
+from quart_trio import QuartTrio
+
+from api.errors import APIError
+from api.schemas import ContinueGenerationRequest, PauseGenerationRequest, PauseMode
+from api.state import ServerState
+
+Handler = Callable[[], Awaitable[Response]]
+
+
+def register(app: QuartTrio, state: ServerState) -> None:
+    def control(rule: str, method: str = "POST") -> Callable[[Handler], Handler]:
+        def wrap(handler: Handler) -> Handler:
+            async def guarded() -> Response:
+                if not state.settings.enable_control_api:
+                    raise APIError(
+                        404,
+                        f"{rule} is off: start the server with --enable-control-api",
+                        code="control_api_disabled",
+                    )
+                return await handler()
+
+            guarded.__name__ = handler.__name__
+            app.add_url_rule(rule, view_func=guarded, methods=[method])
+            return handler
+
+        return wrap
+
+    @control("/pause_generation")
+    async def pause_generation() -> Response:
+        req = await state.parse(PauseGenerationRequest, optional=True)
+        await pause(state, req.mode)
+        return jsonify({"message": "Generation paused successfully.", "status": "ok"})
+
+    @control("/continue_generation")
+    async def continue_generation() -> Response:
+        await state.parse(ContinueGenerationRequest, optional=True)
+        await state.engine.resume()
+        return jsonify({"message": "Generation continued successfully.", "status": "ok"})
+
+    @control("/pause")
+    async def pause_vllm() -> Response:
+        mode = request.args.get("mode", "abort")
+        if mode not in get_args(PauseMode):
+            raise APIError(
+                400,
+                f"mode must be one of {', '.join(get_args(PauseMode))}, not {mode!r}",
+                param="mode",
+                code="invalid_value",
+            )
+        await pause(state, mode)
+        return jsonify({"status": "paused"})
+
+    @control("/resume")
+    async def resume_vllm() -> Response:
+        await state.engine.resume()
+        return jsonify({"status": "resumed"})
+
+    @control("/is_paused", method="GET")
+    async def is_paused() -> Response:
+        return jsonify({"is_paused": state.engine.is_paused})
+
+
+async def pause(state: ServerState, mode: str) -> None:
+    try:
+        await state.engine.pause(mode)
+    except ValueError as exc:  # already paused
+        raise APIError(400, str(exc), code="invalid_state") from None
+
+
+# For /openapi.json, when the routes are on: route -> (body schema, summary); bodiless ones.
+BODIES: dict[str, tuple[type[BaseModel], str]] = {
+    "/pause_generation": (PauseGenerationRequest, "Pause: mode abort, wait or keep (SGLang)"),
+    "/continue_generation": (ContinueGenerationRequest, "Resume after a pause (SGLang)"),
+}
+POSTS = {"/pause": "Pause; ?mode=abort|wait|keep (vLLM)", "/resume": "Resume (vLLM)"}
+GETS = {"/is_paused": "Whether generation is paused (vLLM)"}

@@ -1,0 +1,64 @@
+"""Start the engine: the actors (processes or tasks), then the frontend `Engine` on top.
+
+async with open_engine(EngineConfig(model="path/to/checkpoint")) as engine:
+    ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+from transformers import AutoTokenizer
+
+from runtime.config import EngineConfig
+from runtime.engine_client import EngineDeadError
+from runtime.frontend.engine import Engine
+from runtime.model_info import load_model_info, resolve_max_model_len
+from runtime.supervisor import ActorDiedError, OnDeath, start_actors
+
+# Seconds the requests of a dead engine (and `on_actor_death`) get to report the error.
+ACTOR_DEATH_GRACE = 5.0
+
+
+@asynccontextmanager
+async def open_engine(
+    config: EngineConfig, *, progress: bool = False, on_actor_death: OnDeath | None = None
+) -> AsyncIterator[Engine]:
+    """Start the scheduler and worker actors (processes or tasks, per `config.mode`).
+
+    If an actor process dies, every request fails with EngineDeadError, `on_actor_death` (if
+    given) is awaited, e.g. to let an HTTP server send those errors and stop, and then
+    ActorDiedError cancels everything: within ACTOR_DEATH_GRACE seconds in all.
+    """
+    info = load_model_info(config)
+    config = config.replace(max_model_len=resolve_max_model_len(config, info))
+    tokenizer = await trio.to_thread.run_sync(AutoTokenizer.from_pretrained, config.model)
+    engine: Engine | None = None  # set once it runs: a death during startup has nobody to tell
+
+    async def report_death(error: ActorDiedError) -> None:
+        """Shielded: even if the engine's user leaves meanwhile, the death is raised after."""
+        if engine is None:
+            return
+        engine.fail(error)
+        with trio.move_on_after(ACTOR_DEATH_GRACE, shield=True):
+            await engine.wait_no_requests()
+            if on_actor_death is not None:
+                await on_actor_death(error)
+
+    async with trio.open_nursery() as actors:
+        channel, processes = await start_actors(
+            actors, config, info.eos_token_ids, progress, report_death
+        )
+        with channel:  # closed only once the tasks using it have exited
+            starting = Engine(config, info, tokenizer, processes)
+            async with trio.open_nursery() as frontend:
+                await frontend.start(starting.run, channel)
+                engine = starting
+                try:
+                    yield engine
+                finally:
+                    engine.fail(EngineDeadError("the engine shut down"))
+                    frontend.cancel_scope.cancel()
+        actors.cancel_scope.cancel()

@@ -1,0 +1,94 @@
+"""The control routes (pause and resume, SGLang's shapes and vLLM's aliases) against the fake
+engine; tests/test_control_server.py runs them on the real one."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from quart.typing import TestClientProtocol as QuartClient
+
+from api.app import create_app
+from api.state import ServerSettings
+from tests.api_helpers import MODEL
+from tests.fake_engine import FakeEngine
+
+
+@pytest.fixture
+async def control(engine: FakeEngine) -> AsyncIterator[QuartClient]:
+    settings = ServerSettings(served_model_name=MODEL, enable_control_api=True)
+    async with create_app(engine, settings).test_app() as test_app:
+        yield test_app.test_client()
+
+
+async def test_control_routes_are_off_unless_enabled(client: QuartClient) -> None:
+    for method, path in [("POST", "/pause_generation"), ("POST", "/pause"), ("GET", "/is_paused")]:
+        response = await client.open(path, method=method)
+        error = (await response.get_json())["error"]
+        assert response.status_code == 404 and error["code"] == "control_api_disabled"
+        assert "--enable-control-api" in error["message"]
+    paths = (await (await client.get("/openapi.json")).get_json())["paths"]
+    assert "/pause_generation" not in paths
+
+
+async def test_sglang_pause_and_continue(control: QuartClient, engine: FakeEngine) -> None:
+    response = await control.post("/pause_generation", json={"mode": "keep"})
+    assert response.status_code == 200
+    assert await response.get_json() == {
+        "message": "Generation paused successfully.",
+        "status": "ok",
+    }
+    assert engine.paused == "keep"
+    again = await control.post("/pause_generation")  # no body: mode "abort"
+    error = (await again.get_json())["error"]
+    assert again.status_code == 400 and "already paused" in error["message"]
+    response = await control.post("/continue_generation")
+    assert (await response.get_json())["status"] == "ok" and engine.paused is None
+    response = await control.post("/pause_generation", data=b"")
+    assert response.status_code == 200 and engine.paused == "abort"
+
+
+async def test_vllm_pause_resume_and_is_paused(control: QuartClient, engine: FakeEngine) -> None:
+    assert await (await control.get("/is_paused")).get_json() == {"is_paused": False}
+    response = await control.post("/pause", query_string={"mode": "wait"})
+    assert await response.get_json() == {"status": "paused"} and engine.paused == "wait"
+    assert await (await control.get("/is_paused")).get_json() == {"is_paused": True}
+    assert await (await control.post("/resume")).get_json() == {"status": "resumed"}
+    assert await (await control.post("/resume")).get_json() == {"status": "resumed"}  # no-op
+    assert engine.paused is None
+
+
+@pytest.mark.parametrize(
+    ("path", "kwargs", "param"),
+    [
+        ("/pause_generation", {"json": {"mode": "sleep"}}, "mode"),
+        ("/pause_generation", {"json": {"mode": "keep", "extra": 1}}, "extra"),
+        ("/pause_generation", {"data": b"[1]"}, None),
+        ("/pause", {"query_string": {"mode": "sleep"}}, "mode"),
+        ("/continue_generation", {"json": {"x": 1}}, "x"),
+    ],
+)
+async def test_bad_control_requests_are_400s(
+    control: QuartClient, engine: FakeEngine, path: str, kwargs: dict, param: str | None
+) -> None:
+    response = await control.post(path, **kwargs)
+    error = (await response.get_json())["error"]
+    assert response.status_code == 400 and error["param"] == param
+    assert engine.paused is None
+
+
+async def test_control_routes_need_the_api_key(engine: FakeEngine) -> None:
+    settings = ServerSettings(served_model_name=MODEL, api_key="k", enable_control_api=True)
+    async with create_app(engine, settings).test_app() as test_app:
+        client = test_app.test_client()
+        assert (await client.post("/pause_generation")).status_code == 401
+        assert engine.paused is None
+        headers = {"Authorization": "Bearer k"}
+        assert (await client.post("/pause_generation", headers=headers)).status_code == 200
+
+
+async def test_openapi_lists_the_control_routes_when_on(control: QuartClient) -> None:
+    paths = (await (await control.get("/openapi.json")).get_json())["paths"]
+    for path in ("/pause_generation", "/continue_generation", "/pause", "/resume"):
+        assert "post" in paths[path]
+    assert "get" in paths["/is_paused"]

@@ -1,0 +1,163 @@
+"""Pause and resume on the real engine (frontend and scheduler actor, model-free worker, trio's
+autojump clock): each mode's promise, requests queued while paused, and misuse."""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+from pathlib import Path
+
+import pytest
+import trio
+import trio.lowlevel
+import trio.testing
+
+from runtime.engine_client import RequestOutput
+from runtime.frontend.engine import Engine
+from runtime.sampling_params import SamplingParams
+from tests.engine_helpers import NUM_BLOCKS, fake_engine
+from tests.fake_worker import expected_output
+
+PROMPT = [5, 6, 7]
+GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+
+
+class Run:
+    """One request, consumed in the background; its outputs so far, and whether it ended."""
+
+    def __init__(self, engine: Engine, prompt: list[int], params: SamplingParams = GREEDY):
+        self.outputs: list[RequestOutput] = []
+        self.done = trio.Event()
+        self.started = trio.Event()  # its first tokens came
+        self._stream = engine.generate(prompt, params)
+
+    async def consume(self) -> None:
+        async with aclosing(self._stream) as outputs:
+            async for out in outputs:
+                self.outputs.append(out)
+                if len(self.token_ids) >= 2:
+                    self.started.set()
+        self.done.set()
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for out in self.outputs for t in out.token_ids]
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[-1].finish_reason if self.outputs else None
+
+
+async def started(nursery: trio.Nursery, run: Run) -> Run:
+    nursery.start_soon(run.consume)
+    await run.started.wait()
+    return run
+
+
+async def at_rest(engine: Engine) -> None:
+    stats = (await engine.fetch_statistics()).scheduler
+    assert (stats.num_running, stats.num_waiting, stats.num_free_blocks) == (0, 0, NUM_BLOCKS)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+async def test_keep_freezes_then_continues_with_the_same_tokens(
+    llama_dir: Path, depth: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with fake_engine(llama_dir, depth) as engine, trio.open_nursery() as nursery:
+        run = await started(nursery, Run(engine, PROMPT))
+        await engine.pause("keep")
+        assert engine.is_paused
+        frozen = len(run.token_ids)
+        late = Run(engine, [9, 9])
+        nursery.start_soon(late.consume)
+        await trio.sleep(60)  # nothing moves while paused
+        assert len(run.token_ids) == frozen and not late.outputs
+        stats = (await engine.fetch_statistics()).scheduler
+        assert stats.num_running == 1 and stats.num_free_blocks < NUM_BLOCKS  # KV kept
+        await engine.resume()
+        await run.done.wait()
+        await late.done.wait()
+        assert run.token_ids == expected_output(PROMPT, 40)
+        assert late.token_ids == expected_output([9, 9], 40)
+        assert not engine.is_paused
+        await at_rest(engine)
+
+
+async def test_abort_ends_everything_with_its_partial_output(
+    llama_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with fake_engine(llama_dir, 2) as engine, trio.open_nursery() as nursery:
+        runs = [await started(nursery, Run(engine, [3 + i, 4])) for i in range(3)]
+        waiting = Run(engine, [8, 8])  # beyond max_num_seqs 3: queued in the scheduler
+        nursery.start_soon(waiting.consume)
+        while engine.statistics().frontend.num_requests_open < 4:  # it is in the engine
+            await trio.lowlevel.checkpoint()
+        await engine.pause("abort")
+        stats = (await engine.fetch_statistics()).scheduler
+        assert (stats.num_running, stats.num_waiting) == (0, 0)
+        assert stats.num_free_blocks == NUM_BLOCKS  # freed before pause returned
+        for run in [*runs, waiting]:
+            await run.done.wait()
+            assert run.finish_reason == "abort"
+        for i, run in enumerate(runs):
+            assert 2 <= len(run.token_ids) < 40
+            assert run.token_ids == expected_output([3 + i, 4], 40)[: len(run.token_ids)]
+        after = Run(engine, PROMPT)  # arrives while paused: waits for resume
+        nursery.start_soon(after.consume)
+        await trio.sleep(30)
+        assert not after.outputs
+        await engine.resume()
+        await after.done.wait()
+        assert after.token_ids == expected_output(PROMPT, 40)
+        await at_rest(engine)
+
+
+async def test_wait_lets_open_requests_finish_and_holds_new_ones(
+    llama_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with fake_engine(llama_dir, 2) as engine, trio.open_nursery() as nursery:
+        run = await started(nursery, Run(engine, PROMPT))
+        pausing = trio.Event()
+
+        async def pause() -> None:
+            await engine.pause("wait")
+            pausing.set()
+
+        nursery.start_soon(pause)
+        await trio.lowlevel.checkpoint()
+        late = Run(engine, [9, 9])
+        nursery.start_soon(late.consume)
+        await pausing.wait()
+        assert run.done.is_set() and run.finish_reason == "length"
+        assert run.token_ids == expected_output(PROMPT, 40)
+        await trio.sleep(30)
+        assert not late.outputs
+        await engine.resume()
+        await late.done.wait()
+        assert late.token_ids == expected_output([9, 9], 40)
+
+
+async def test_a_request_that_leaves_while_queued_is_aborted_cleanly(
+    llama_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with fake_engine(llama_dir, 2) as engine, trio.open_nursery() as nursery:
+        await engine.pause("keep")
+        with trio.move_on_after(5):
+            await Run(engine, PROMPT).consume()  # cancelled while held
+        await engine.resume()
+        await at_rest(engine)
+        assert engine.statistics().frontend.num_requests_open == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_misuse_is_a_clear_error(llama_dir: Path) -> None:
+    async with fake_engine(llama_dir, 2) as engine:
+        await engine.resume()  # not paused: a no-op
+        with pytest.raises(ValueError, match="mode must be one of abort, wait, keep"):
+            await engine.pause("sleep")
+        assert not engine.is_paused
+        await engine.pause("keep")
+        with pytest.raises(ValueError, match="already paused"):
+            await engine.pause("abort")
+        await engine.resume()
+        await engine.resume()
+        assert not engine.is_paused
