@@ -92,6 +92,21 @@ def _register_basics(app: QuartTrio, state: ServerState) -> None:
         }
         return jsonify({"object": "list", "data": [model]})
 
+    @app.get("/get_model_info")
+    async def get_model_info() -> Response:
+        """SGLang's; read-only, so served without --enable-control-api."""
+        card = state.engine.model_card
+        return jsonify(
+            {
+                "model_path": card.path,
+                "tokenizer_path": card.path,
+                "is_generation": True,
+                "weight_version": card.weight_version,
+                "served_model_name": state.settings.served_model_name,
+                "max_model_len": card.max_model_len,
+            }
+        )
+
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(

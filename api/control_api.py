@@ -15,7 +15,12 @@ from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
 from api.errors import APIError
-from api.schemas import ContinueGenerationRequest, PauseGenerationRequest, PauseMode
+from api.schemas import (
+    AbortRequest,
+    ContinueGenerationRequest,
+    PauseGenerationRequest,
+    PauseMode,
+)
 from api.state import ServerState
 
 Handler = Callable[[], Awaitable[Response]]
@@ -73,6 +78,32 @@ def register(app: QuartTrio, state: ServerState) -> None:
     async def is_paused() -> Response:
         return jsonify({"is_paused": state.engine.is_paused})
 
+    @control("/flush_cache")
+    async def flush_cache() -> Response:
+        await flush(state)
+        return jsonify({"success": True, "message": "Cache flushed."})
+
+    @control("/reset_prefix_cache")
+    async def reset_prefix_cache() -> Response:
+        await flush(state)
+        return Response(b"", 200)
+
+    @control("/abort_request")
+    async def abort_request() -> Response:
+        req = await state.parse(AbortRequest, optional=True)
+        if req.abort_all:
+            state.engine.abort_all()
+        elif req.rid:
+            state.engine.abort(req.rid)  # an unknown rid is a no-op, as in SGLang
+        return Response(b"", 200)
+
+
+async def flush(state: ServerState) -> None:
+    try:
+        await state.engine.flush_cache()
+    except ValueError as exc:  # requests are open
+        raise APIError(400, str(exc), code="invalid_state") from None
+
 
 async def pause(state: ServerState, mode: str) -> None:
     try:
@@ -85,6 +116,12 @@ async def pause(state: ServerState, mode: str) -> None:
 BODIES: dict[str, tuple[type[BaseModel], str]] = {
     "/pause_generation": (PauseGenerationRequest, "Pause: mode abort, wait or keep (SGLang)"),
     "/continue_generation": (ContinueGenerationRequest, "Resume after a pause (SGLang)"),
+    "/abort_request": (AbortRequest, "Abort a request by rid, or all (SGLang)"),
 }
-POSTS = {"/pause": "Pause; ?mode=abort|wait|keep (vLLM)", "/resume": "Resume (vLLM)"}
+POSTS = {
+    "/pause": "Pause; ?mode=abort|wait|keep (vLLM)",
+    "/resume": "Resume (vLLM)",
+    "/flush_cache": "Drop the prefix cache; 400 while requests are open (SGLang)",
+    "/reset_prefix_cache": "Drop the prefix cache (vLLM)",
+}
 GETS = {"/is_paused": "Whether generation is paused (vLLM)"}

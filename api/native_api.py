@@ -33,26 +33,28 @@ def register(app: QuartTrio, state: ServerState) -> None:
         (prompt,) = await state.encode_all([req.prompt()])
         state.admit()  # again: others may have come in while this one tokenized
         streams = state.start([prompt], req.params(), [rid])
+        version = state.engine.model_card.weight_version
         if req.stream:
-            return await sse_response(events(merged(streams, state.metrics, app.nursery), rid))
+            outputs = merged(streams, state.metrics, app.nursery)
+            return await sse_response(events(outputs, rid, version))
         (result,) = await collect_all(streams, state.metrics)
-        return jsonify(body(rid, result))
+        return jsonify(body(rid, result, version))
 
 
-async def events(outputs: Merged, rid: str) -> AsyncIterator[bytes]:
+async def events(outputs: Merged, rid: str, weight_version: str) -> AsyncIterator[bytes]:
     """Like SGLang: each event carries the whole text and ids so far."""
     result = Collected()
     try:
         async with aclosing(outputs):
             async for _, out in outputs:
                 result.add(out)
-                yield sse_event(body(rid, result))
+                yield sse_event(body(rid, result, weight_version))
     except Exception as exc:
         yield error_event(exc)
     yield SSE_DONE
 
 
-def body(rid: str, result: Collected) -> dict[str, Any]:
+def body(rid: str, result: Collected, weight_version: str) -> dict[str, Any]:
     return {
         "text": result.text,
         "output_ids": result.token_ids,
@@ -62,6 +64,7 @@ def body(rid: str, result: Collected) -> dict[str, Any]:
             "prompt_tokens": result.num_prompt_tokens,
             "completion_tokens": len(result.token_ids),
             "cached_tokens": result.num_cached_tokens,
+            "weight_version": weight_version,
         },
     }
 

@@ -25,6 +25,7 @@ BODIES: dict[str, tuple[type[BaseModel], str]] = {
 }
 GETS = {
     "/v1/models": "The served model",
+    "/get_model_info": "The served model and its weight version (SGLang)",
     "/health": "200 once every actor has answered; 503 naming the one that did not",
     "/metrics": "Prometheus metrics",
     "/openapi.json": "This document",

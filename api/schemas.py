@@ -262,3 +262,10 @@ class PauseGenerationRequest(Strict):
 
 class ContinueGenerationRequest(Strict):
     """SGLang's `POST /continue_generation` (no fields)."""
+
+
+class AbortRequest(Strict):
+    """SGLang's `POST /abort_request`: one request by its `rid`, or all of them."""
+
+    rid: str = ""
+    abort_all: bool = False

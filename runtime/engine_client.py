@@ -43,6 +43,7 @@ class ModelCard:
     path: str
     max_model_len: int
     vocab_size: int
+    weight_version: str = "default"  # changes with each weight update
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +157,10 @@ class EngineClient(Protocol):
 
     async def resume(self) -> None:
         """Continue after `pause`; a no-op if not paused."""
+        ...
+
+    async def flush_cache(self) -> None:
+        """Drop the prefix cache. ValueError (naming the counts) while any request is open."""
         ...
 
     async def check_health(self) -> None:

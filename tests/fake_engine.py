@@ -36,6 +36,7 @@ class FakeEngine(EngineClient):
     open: set[str] = field(default_factory=set)
     step: trio.Event | None = None  # if set, each output waits for it (tests pace streams)
     paused: str | None = None  # the pause mode, while paused (nothing else changes)
+    flushes: int = 0
 
     @property
     def model_card(self) -> ModelCard:
@@ -121,6 +122,12 @@ class FakeEngine(EngineClient):
     async def resume(self) -> None:
         await trio.lowlevel.checkpoint()
         self.paused = None
+
+    async def flush_cache(self) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.open:
+            raise ValueError(f"cannot flush the cache while requests are open: {len(self.open)}")
+        self.flushes += 1
 
     async def check_health(self) -> None:
         if not self.healthy:

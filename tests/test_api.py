@@ -137,6 +137,7 @@ async def test_native_generate(client: QuartClient) -> None:
         "prompt_tokens": 5,
         "completion_tokens": 2,
         "cached_tokens": 0,
+        "weight_version": "default",
     }
     response = await client.post(
         "/generate",

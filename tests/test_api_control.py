@@ -92,3 +92,36 @@ async def test_openapi_lists_the_control_routes_when_on(control: QuartClient) ->
     for path in ("/pause_generation", "/continue_generation", "/pause", "/resume"):
         assert "post" in paths[path]
     assert "get" in paths["/is_paused"]
+
+
+async def test_flush_cache_and_its_vllm_alias(control: QuartClient, engine: FakeEngine) -> None:
+    response = await control.post("/flush_cache")
+    assert response.status_code == 200 and (await response.get_json())["success"] is True
+    assert (await control.post("/reset_prefix_cache")).status_code == 200
+    assert engine.flushes == 2
+    engine.open.add("r")  # a request is open: refused, naming why
+    response = await control.post("/flush_cache")
+    error = (await response.get_json())["error"]
+    assert response.status_code == 400 and "requests are open: 1" in error["message"]
+    assert (await control.post("/reset_prefix_cache")).status_code == 400
+
+
+async def test_abort_request_by_rid_or_all(control: QuartClient, engine: FakeEngine) -> None:
+    assert (await control.post("/abort_request", json={"rid": "r7"})).status_code == 200
+    assert engine.aborted == ["r7"]
+    assert (await control.post("/abort_request", json={"rid": "unknown"})).status_code == 200
+    assert (await control.post("/abort_request", json={"abort_all": True})).status_code == 200
+    response = await control.post("/abort_request", json={"rid": 7})
+    assert response.status_code == 400 and (await response.get_json())["error"]["param"] == "rid"
+
+
+async def test_get_model_info_is_served_without_the_control_api(client: QuartClient) -> None:
+    response = await client.get("/get_model_info")
+    assert await response.get_json() == {
+        "model_path": "/fake/model",
+        "tokenizer_path": "/fake/model",
+        "is_generation": True,
+        "weight_version": "default",
+        "served_model_name": MODEL,
+        "max_model_len": 64,
+    }

@@ -102,3 +102,26 @@ async def test_the_trio_client_steers_the_server(server: ServerProcess) -> None:
         assert error.value.status_code == 400
         await client.continue_generation()
         assert not await client.is_paused()
+
+
+def test_abort_request_by_rid_flush_cache_and_model_info(server: ServerProcess) -> None:
+    body = PROMPT | {"rid": "rollout-7"}
+    body["sampling_params"] = PROMPT["sampling_params"] | {"max_new_tokens": 1500}
+    running, result = in_thread(
+        lambda: httpx.post(server.url + "/generate", json=body, timeout=120).json()
+    )
+    deadline = time.monotonic() + 60
+    while "runtime:num_requests_running 1.0" not in httpx.get(server.url + "/metrics").text:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    response = httpx.post(server.url + "/flush_cache", timeout=60)
+    assert response.status_code == 400 and "1 running" in response.json()["error"]["message"]
+    aborted = httpx.post(server.url + "/abort_request", json={"rid": "rollout-7"}, timeout=60)
+    assert aborted.status_code == 200
+    running.join(timeout=60)
+    assert result[0]["meta_info"]["finish_reason"] == {"type": "abort"}
+    assert result[0]["meta_info"]["weight_version"] == "default"
+    assert post(server, "/flush_cache")["success"] is True
+    info = httpx.get(server.url + "/get_model_info").json()
+    assert info["weight_version"] == "default" and info["served_model_name"] == "tiny"
+    assert info["is_generation"] is True and Path(info["model_path"]).is_dir()

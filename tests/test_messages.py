@@ -9,6 +9,7 @@ from runtime.wire.messages import (
     AddRequest,
     ControlDone,
     EngineReady,
+    FlushCache,
     NewSeq,
     Pause,
     Ping,
@@ -59,6 +60,7 @@ EXAMPLES = [
     AddRequest("\ud800", (1,), 1, SamplingParams(stop=("\udfff",))),  # lone surrogates from JSON
     Pause(5, "keep"),
     Resume(6),
+    FlushCache(7),
     ControlDone(5, ""),
     ControlDone(6, "the engine is already paused"),
 ]

@@ -161,3 +161,26 @@ async def test_misuse_is_a_clear_error(llama_dir: Path) -> None:
         await engine.resume()
         await engine.resume()
         assert not engine.is_paused
+
+
+async def test_flush_cache_is_refused_while_requests_are_open(
+    llama_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with fake_engine(llama_dir, 2) as engine, trio.open_nursery() as nursery:
+        first = Run(engine, PROMPT)
+        await first.consume()
+        second = Run(engine, PROMPT)  # the same prompt: its prefix is cached
+        await second.consume()
+        assert second.outputs[-1].num_cached_tokens > 0 or len(PROMPT) < 5
+        await engine.pause("keep")
+        held = Run(engine, PROMPT)
+        nursery.start_soon(held.consume)
+        while engine.statistics().frontend.num_requests_open < 1:
+            await trio.lowlevel.checkpoint()
+        await engine.fetch_statistics()  # the held request reached the scheduler
+        with pytest.raises(ValueError, match="0 running, 0 waiting, 1 held by a pause"):
+            await engine.flush_cache()
+        await engine.resume()
+        await held.done.wait()
+        await engine.flush_cache()
+        await at_rest(engine)

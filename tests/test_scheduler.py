@@ -259,6 +259,22 @@ def test_a_wait_pause_finishes_the_admitted_and_holds_arrivals() -> None:
     assert h.bm.num_free_blocks == h.bm.num_blocks
 
 
+def test_flush_cache_forgets_every_prefix_and_refuses_while_requests_are_open() -> None:
+    h = CoreHarness(block_size=2)
+    h.add("a", [1, 2, 3, 4, 5], max_tokens=2)
+    h.run_until_idle()
+    h.add("b", [1, 2, 3, 4, 5], max_tokens=2)
+    with pytest.raises(ValueError, match="0 running, 1 waiting, 0 held"):
+        h.sched.flush_cache()
+    h.run_until_idle()
+    assert h.sched.num_cached_tokens == 4  # b reused a's prefix
+    assert h.sched.flush_cache() > 0 and not h.bm.cached
+    h.add("c", [1, 2, 3, 4, 5], max_tokens=2)
+    h.run_until_idle()
+    assert h.sched.num_cached_tokens == 4  # nothing more was reused
+    h.check_invariants()
+
+
 # -- property test: request ids reused, while live (refused) or once ended (fine) ----------------
 
 

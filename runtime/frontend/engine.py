@@ -46,6 +46,7 @@ from runtime.wire.messages import (
     AddRequest,
     ControlDone,
     EngineReady,
+    FlushCache,
     Pause,
     Ping,
     Pong,
@@ -86,6 +87,7 @@ class Engine(EngineClient):
         self._call_order = itertools.count()
         self._calls = Calls(self._outbox)  # pings and control messages awaiting an answer
         self._paused = False
+        self.weight_version = "default"  # as SGLang names the weights a server started with
         self._dead: BaseException | None = None
         self._prompt_tokens = 0
         self._dispatch_seconds = 0.0
@@ -129,7 +131,9 @@ class Engine(EngineClient):
 
     @property
     def model_card(self) -> ModelCard:
-        return ModelCard(self.config.model, self.config.max_model_len, self.info.vocab_size)
+        return ModelCard(
+            self.config.model, self.config.max_model_len, self.info.vocab_size, self.weight_version
+        )
 
     def generate(
         self,
@@ -235,6 +239,10 @@ class Engine(EngineClient):
         if self._paused:
             await self._control(Resume)
             self._paused = False
+
+    async def flush_cache(self) -> None:
+        """Drop the prefix cache; ValueError naming the counts while any request is open."""
+        await self._control(FlushCache)
 
     # -- requests ------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from runtime.wire.messages import (
     AddRequest,
     ControlDone,
     EngineReady,
+    FlushCache,
     NewSeq,
     Pause,
     Ping,
@@ -189,6 +190,13 @@ class SchedulerActor:
                 case Resume(nonce=nonce):
                     self.pipeline.scheduler.resume()
                     await frontend.send(ControlDone(nonce, ""))
+                case FlushCache(nonce=nonce):
+                    try:
+                        self.pipeline.scheduler.flush_cache()
+                    except ValueError as exc:
+                        await frontend.send(ControlDone(nonce, str(exc)))
+                    else:
+                        await frontend.send(ControlDone(nonce, ""))
                 case _:
                     raise WireError(f"scheduler got an unexpected {type(msg).__name__}")
         return submitted

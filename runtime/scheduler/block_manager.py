@@ -134,6 +134,17 @@ class BlockManager:
         seq.block_table.clear()
         seq.num_computed_tokens = 0
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (stale after a weight update); how many blocks held one.
+        Only when no sequence holds a block: their hashes chain the tokens they still use."""
+        assert len(self.free) == len(self.blocks), "reset_prefix_cache() with blocks in use"
+        flushed = len(self.cached)
+        for block in self.blocks:
+            block.hash = None
+            block.token_ids = ()
+        self.cached.clear()
+        return flushed
+
     def _take(self, block: Block) -> None:
         if block.ref_count == 0:
             del self.free[block.block_id]

@@ -130,6 +130,16 @@ class Scheduler:
         self.waiting.extend(self.held)
         self.held.clear()
 
+    def flush_cache(self) -> int:
+        """Drop the prefix cache; ValueError if any request runs, waits or is held (their
+        blocks are in use). Returns how many cached blocks were dropped."""
+        if self.running or self.waiting or self.held:
+            raise ValueError(
+                f"cannot flush the cache while requests are open: {len(self.running)} running, "
+                f"{len(self.waiting)} waiting, {len(self.held)} held by a pause"
+            )
+        return self.block_manager.reset_prefix_cache()
+
     @property
     def drained(self) -> bool:
         """Nothing admitted before the pause is left (held requests do not count)."""

@@ -229,6 +229,13 @@ class Resume:
     nonce: int
 
 
+@message(33)
+class FlushCache:
+    """Frontend → scheduler: drop the prefix cache; refused while any request is open."""
+
+    nonce: int
+
+
 @message(32)
 class ControlDone:
     """The answer to a control message: `error` is empty if it succeeded."""
