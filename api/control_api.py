@@ -20,6 +20,7 @@ from api.schemas import (
     ContinueGenerationRequest,
     PauseGenerationRequest,
     PauseMode,
+    UpdateWeightsFromDiskRequest,
 )
 from api.state import ServerState
 
@@ -88,6 +89,20 @@ def register(app: QuartTrio, state: ServerState) -> None:
         await flush(state)
         return Response(b"", 200)
 
+    @control("/update_weights_from_disk")
+    async def update_weights_from_disk() -> Response:
+        req = await state.parse(UpdateWeightsFromDiskRequest)
+        success, message, num_paused = await state.engine.update_weights_from_disk(
+            req.model_path,
+            weight_version=req.weight_version,
+            flush_cache=req.flush_cache,
+            abort_all_requests=req.abort_all_requests,
+        )
+        answer = {"success": success, "message": message, "num_paused_requests": num_paused}
+        response = jsonify(answer)
+        response.status_code = 200 if success else 400
+        return response
+
     @control("/abort_request")
     async def abort_request() -> Response:
         req = await state.parse(AbortRequest, optional=True)
@@ -117,6 +132,10 @@ BODIES: dict[str, tuple[type[BaseModel], str]] = {
     "/pause_generation": (PauseGenerationRequest, "Pause: mode abort, wait or keep (SGLang)"),
     "/continue_generation": (ContinueGenerationRequest, "Resume after a pause (SGLang)"),
     "/abort_request": (AbortRequest, "Abort a request by rid, or all (SGLang)"),
+    "/update_weights_from_disk": (
+        UpdateWeightsFromDiskRequest,
+        "Serve another checkpoint's weights (SGLang); 400 with success false if it does not fit",
+    ),
 }
 POSTS = {
     "/pause": "Pause; ?mode=abort|wait|keep (vLLM)",

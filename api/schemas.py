@@ -269,3 +269,12 @@ class AbortRequest(Strict):
 
     rid: str = ""
     abort_all: bool = False
+
+
+class UpdateWeightsFromDiskRequest(Strict):
+    """SGLang's `POST /update_weights_from_disk`."""
+
+    model_path: str
+    weight_version: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False

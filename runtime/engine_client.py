@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from runtime.sampling_params import SamplingParams
 from runtime.wire.messages import SchedulerStats, WorkerStats
@@ -161,6 +161,13 @@ class EngineClient(Protocol):
 
     async def flush_cache(self) -> None:
         """Drop the prefix cache. ValueError (naming the counts) while any request is open."""
+        ...
+
+    async def update_weights_from_disk(
+        self, model_path: str, **options: Any
+    ) -> tuple[bool, str, int]:
+        """Serve another checkpoint's weights: (success, message, requests open meanwhile).
+        Options: `weight_version`, `flush_cache` (default True), `abort_all_requests`."""
         ...
 
     async def check_health(self) -> None:

@@ -37,6 +37,7 @@ class FakeEngine(EngineClient):
     step: trio.Event | None = None  # if set, each output waits for it (tests pace streams)
     paused: str | None = None  # the pause mode, while paused (nothing else changes)
     flushes: int = 0
+    updates: list[tuple[str, dict[str, object]]] = field(default_factory=list)
 
     @property
     def model_card(self) -> ModelCard:
@@ -122,6 +123,15 @@ class FakeEngine(EngineClient):
     async def resume(self) -> None:
         await trio.lowlevel.checkpoint()
         self.paused = None
+
+    async def update_weights_from_disk(
+        self, model_path: str, **options: object
+    ) -> tuple[bool, str, int]:
+        await trio.lowlevel.checkpoint()
+        self.updates.append((model_path, options))
+        if "bad" in model_path:
+            return False, f"Failed to update weights: no checkpoint at {model_path}", 0
+        return True, "Succeeded to update model weights.", len(self.open)
 
     async def flush_cache(self) -> None:
         await trio.lowlevel.checkpoint()

@@ -18,7 +18,16 @@ import trio
 from runtime.config import EngineConfig
 from runtime.scheduler.actor import SchedulerActor
 from runtime.wire.codec import decode, encode
-from runtime.wire.messages import Ping, Pong, StepPlan, StepResult, WorkerReady, WorkerStats
+from runtime.wire.messages import (
+    ControlDone,
+    Ping,
+    Pong,
+    StepPlan,
+    StepResult,
+    UpdateWeights,
+    WorkerReady,
+    WorkerStats,
+)
 from runtime.wire.transport import MessageChannel
 from runtime.worker.seq_table import SeqTable
 
@@ -60,18 +69,19 @@ def start_actors(
     return frontend
 
 
-def next_token(token_ids: list[int]) -> int:
-    return hash(tuple(token_ids)) % VOCAB  # ints hash the same in every run
+def next_token(token_ids: list[int], weights: int = 0) -> int:
+    """The fake model: `weights` counts the weight updates it has had."""
+    return hash((*token_ids, -weights) if weights else tuple(token_ids)) % VOCAB  # stable
 
 
 def expected_output(
-    prompt: list[int], max_tokens: int, eos: int | frozenset[int] | None = None
+    prompt: list[int], max_tokens: int, eos: int | frozenset[int] | None = None, weights: int = 0
 ) -> list[int]:
     """The tokens `fake_worker` produces for `prompt`, up to an EOS or `max_tokens`."""
     stops = {eos} if isinstance(eos, int) else set(eos or ())
     tokens = list(prompt)
     for _ in range(max_tokens):
-        tokens.append(next_token(tokens))
+        tokens.append(next_token(tokens, weights))
         if tokens[-1] in stops:
             break
     return tokens[len(prompt) :]
@@ -81,9 +91,11 @@ async def fake_worker(
     scheduler: MessageChannel, num_kv_blocks: int, hang_after: float = math.inf
 ) -> None:
     """The worker's protocol without a model; after `hang_after` steps it stops answering
-    (alive, not stepping: a hung GPU)."""
+    (alive, not stepping: a hung GPU). A weight update from a path with "bad" in it fails;
+    any other changes every later token (`next_token`'s `weights`)."""
     table = SeqTable()
     stats = WorkerStats()
+    weights = 0
     await scheduler.send(WorkerReady(num_kv_blocks, "float32", 1, VOCAB))
     while True:
         msg = await scheduler.recv()
@@ -96,7 +108,7 @@ async def fake_worker(
                 for seq_id, seq, n in zip(msg.seq_ids, seqs, msg.num_tokens, strict=True):
                     token = None
                     if SeqTable.samples(seq, n):
-                        token = next_token(seq.token_ids)
+                        token = next_token(seq.token_ids, weights)
                         seq_ids.append(seq_id)
                         token_ids.append(token)
                     SeqTable.commit(seq, n, token)
@@ -107,5 +119,9 @@ async def fake_worker(
                 )
             case Ping(nonce=nonce):
                 await scheduler.send(Pong(nonce, None, stats))
+            case UpdateWeights(nonce=nonce, model_path=path):
+                weights += "bad" not in path
+                error = "CheckpointError: no such checkpoint" if "bad" in path else ""
+                await scheduler.send(ControlDone(nonce, error))
             case _:
                 raise AssertionError(f"the worker got {msg!r}")

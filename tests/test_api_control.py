@@ -125,3 +125,23 @@ async def test_get_model_info_is_served_without_the_control_api(client: QuartCli
         "served_model_name": MODEL,
         "max_model_len": 64,
     }
+
+
+async def test_update_weights_from_disk_shapes(control: QuartClient, engine: FakeEngine) -> None:
+    body = {"model_path": "/new", "weight_version": "v2", "abort_all_requests": True}
+    response = await control.post("/update_weights_from_disk", json=body)
+    assert response.status_code == 200
+    assert await response.get_json() == {
+        "success": True,
+        "message": "Succeeded to update model weights.",
+        "num_paused_requests": 0,
+    }
+    assert engine.updates == [
+        ("/new", {"weight_version": "v2", "flush_cache": True, "abort_all_requests": True})
+    ]
+    response = await control.post("/update_weights_from_disk", json={"model_path": "/bad"})
+    answer = await response.get_json()
+    assert response.status_code == 400 and answer["success"] is False
+    assert "/bad" in answer["message"]
+    response = await control.post("/update_weights_from_disk", json={})
+    assert (await response.get_json())["error"]["param"] == "model_path"

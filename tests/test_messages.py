@@ -22,6 +22,7 @@ from runtime.wire.messages import (
     StepPlan,
     StepResult,
     Submit,
+    UpdateWeights,
     WorkerReady,
     WorkerStats,
 )
@@ -60,7 +61,8 @@ EXAMPLES = [
     AddRequest("\ud800", (1,), 1, SamplingParams(stop=("\udfff",))),  # lone surrogates from JSON
     Pause(5, "keep"),
     Resume(6),
-    FlushCache(7),
+    FlushCache(7, True),
+    UpdateWeights(8, "/path/to/checkpoint"),
     ControlDone(5, ""),
     ControlDone(6, "the engine is already paused"),
 ]

@@ -184,3 +184,56 @@ async def test_flush_cache_is_refused_while_requests_are_open(
         await held.done.wait()
         await engine.flush_cache()
         await at_rest(engine)
+
+
+async def test_an_update_lets_open_requests_finish_then_serves_the_new_weights(
+    llama_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with fake_engine(llama_dir, 2) as engine, trio.open_nursery() as nursery:
+        old = await started(nursery, Run(engine, PROMPT))
+        answers = []
+        updated = trio.Event()
+
+        async def update() -> None:
+            answers.append(await engine.update_weights_from_disk("new", weight_version="v2"))
+            updated.set()
+
+        nursery.start_soon(update)
+        while not engine.is_paused:  # the update has begun: it pauses first
+            await trio.lowlevel.checkpoint()
+        new = Run(engine, [9, 9])  # arrives during the update: waits for it
+        await new.consume()
+        await updated.wait()
+        assert answers == [(True, "Succeeded to update model weights.", 1)]
+        assert old.token_ids == expected_output(PROMPT, 40)  # finished on the old weights
+        assert new.token_ids == expected_output([9, 9], 40, weights=1)
+        assert engine.model_card.weight_version == "v2" and engine.model_card.path == "new"
+        assert not engine.is_paused
+        await at_rest(engine)
+
+
+async def test_a_failed_update_changes_nothing(
+    llama_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with fake_engine(llama_dir, 2) as engine:
+        success, message, _ = await engine.update_weights_from_disk("bad", weight_version="v2")
+        assert not success and "no such checkpoint" in message
+        run = Run(engine, PROMPT)
+        await run.consume()
+        assert run.token_ids == expected_output(PROMPT, 40)
+        assert engine.model_card.weight_version == "default" and not engine.is_paused
+
+
+async def test_an_update_while_paused_proceeds_at_once_and_stays_paused(
+    llama_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with fake_engine(llama_dir, 2) as engine, trio.open_nursery() as nursery:
+        run = await started(nursery, Run(engine, PROMPT))
+        await engine.pause("keep")
+        done = len(run.token_ids)
+        assert (await engine.update_weights_from_disk("new"))[0]
+        assert engine.is_paused
+        await engine.resume()
+        await run.done.wait()
+        assert run.token_ids[:done] == expected_output(PROMPT, 40)[:done]
+        assert run.token_ids != expected_output(PROMPT, 40)  # the rest: the new weights

@@ -20,6 +20,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Any
 
 import trio
 from transformers import PreTrainedTokenizerBase
@@ -39,6 +40,7 @@ from runtime.frontend.inputs import InputProcessor
 from runtime.frontend.outbox import Outbox
 from runtime.frontend.output_processor import OutputProcessor
 from runtime.frontend.request_stream import RequestStream
+from runtime.frontend.steering import Steering
 from runtime.model_info import ModelInfo
 from runtime.sampling_params import SamplingParams
 from runtime.wire.codec import WireError
@@ -46,13 +48,10 @@ from runtime.wire.messages import (
     AddRequest,
     ControlDone,
     EngineReady,
-    FlushCache,
-    Pause,
     Ping,
     Pong,
     Probe,
     Rejected,
-    Resume,
     SchedulerStats,
     StepOutputs,
     WorkerStats,
@@ -61,7 +60,6 @@ from runtime.wire.transport import MessageChannel
 
 # Seconds the scheduler gets to answer a probe of its own: it answers at once when alive.
 DIAGNOSE_TIMEOUT = 2.0
-PAUSE_MODES = ("abort", "wait", "keep")
 
 
 class Engine(EngineClient):
@@ -86,8 +84,7 @@ class Engine(EngineClient):
         self._no_requests.set()
         self._call_order = itertools.count()
         self._calls = Calls(self._outbox)  # pings and control messages awaiting an answer
-        self._paused = False
-        self.weight_version = "default"  # as SGLang names the weights a server started with
+        self.steering = Steering(self, config.model)
         self._dead: BaseException | None = None
         self._prompt_tokens = 0
         self._dispatch_seconds = 0.0
@@ -132,7 +129,10 @@ class Engine(EngineClient):
     @property
     def model_card(self) -> ModelCard:
         return ModelCard(
-            self.config.model, self.config.max_model_len, self.info.vocab_size, self.weight_version
+            self.steering.model_path,
+            self.config.max_model_len,
+            self.info.vocab_size,
+            self.steering.weight_version,
         )
 
     def generate(
@@ -210,39 +210,26 @@ class Engine(EngineClient):
     async def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         return await self.inputs.apply_chat_template_async(messages)
 
-    # -- steering ------------------------------------------------------------------------
+    # -- steering (runtime.frontend.steering) --------------------------------------------
 
     @property
     def is_paused(self) -> bool:
-        return self._paused
+        return self.steering.is_paused
 
     async def pause(self, mode: str = "abort") -> None:
-        """Stop generating until `resume`. Requests that arrive meanwhile are queued, in order.
-
-        "abort": every open request ends now with finish_reason "abort" and the output it has;
-        returns once nothing runs and its KV is free. "wait": open requests finish normally;
-        returns when the last has. "keep": freezes at the next step boundary with the KV kept;
-        `resume` continues them as if nothing happened.
-        """
-        if mode not in PAUSE_MODES:
-            raise ValueError(f"mode must be one of {', '.join(PAUSE_MODES)}, not {mode!r}")
         self._check_alive()
-        if self._paused:
-            raise ValueError("the engine is already paused")
-        self._paused = True
-        if mode == "abort":
-            self.abort_all()  # leaves before the pause: their KV is freed first
-        await self._control(lambda nonce: Pause(nonce, "keep" if mode == "abort" else mode))
+        await self.steering.pause(mode)
 
     async def resume(self) -> None:
-        """Continue after `pause` (a no-op if not paused)."""
-        if self._paused:
-            await self._control(Resume)
-            self._paused = False
+        await self.steering.resume()
 
     async def flush_cache(self) -> None:
-        """Drop the prefix cache; ValueError naming the counts while any request is open."""
-        await self._control(FlushCache)
+        await self.steering.flush_cache()
+
+    async def update_weights_from_disk(
+        self, model_path: str, **options: Any
+    ) -> tuple[bool, str, int]:
+        return await self.steering.update_weights_from_disk(model_path, **options)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -312,7 +299,7 @@ class Engine(EngineClient):
         assert isinstance(answer, Pong)
         return answer
 
-    async def _control(self, make: Callable[[int], object]) -> None:
+    async def control(self, make: Callable[[int], object]) -> None:
         """Send a control message (made from its nonce); ValueError if it failed."""
         answer = await self._ask(make)
         assert isinstance(answer, ControlDone)

@@ -38,6 +38,7 @@ from runtime.wire.messages import (
     StepPlan,
     StepResult,
     Submit,
+    UpdateWeights,
     WorkerReady,
     WorkerStats,
 )
@@ -54,6 +55,7 @@ class SchedulerActor:
         self._inbox: list[object] = []
         self._pongs: list[int] = []  # the worker answered these pings: relay them
         self._pausing: list[int] = []  # nonces of Pause messages not answered yet
+        self._relay: list[ControlDone] = []  # the worker's answers, for the frontend
         self._inbox_changed = trio.Event()
         self._results_send, self._results = trio.open_memory_channel[StepResult](1)
         self._next_seq_id = 0
@@ -122,6 +124,9 @@ class SchedulerActor:
                     self.worker_stats = stats or self.worker_stats
                     self._pongs.append(nonce)
                     self._inbox_changed.set()
+                case ControlDone():  # the step loop relays it
+                    self._relay.append(msg)
+                    self._inbox_changed.set()
                 case _:
                     raise WireError(f"scheduler got an unexpected {type(msg).__name__}")
 
@@ -130,7 +135,7 @@ class SchedulerActor:
         they were taken: a snapshot is never followed by an older one."""
         pipeline = self.pipeline
         while True:
-            if pipeline.idle and not self._inbox and not self._pongs:
+            if pipeline.idle and not self._inbox and not self._pongs and not self._relay:
                 await self._inbox_changed.wait()  # nothing runs until a message comes
             self._inbox_changed = trio.Event()
             changed = await self._drain_inbox(worker, frontend)
@@ -150,6 +155,9 @@ class SchedulerActor:
             pongs, self._pongs = self._pongs, []
             for nonce in pongs:  # the whole path answered
                 await frontend.send(Pong(nonce, self.statistics(), self.worker_stats))
+            relay, self._relay = self._relay, []
+            for answer in relay:
+                await frontend.send(answer)
             if self._pausing and self._pause_took_hold():
                 pausing, self._pausing = self._pausing, []
                 for nonce in pausing:
@@ -190,9 +198,11 @@ class SchedulerActor:
                 case Resume(nonce=nonce):
                     self.pipeline.scheduler.resume()
                     await frontend.send(ControlDone(nonce, ""))
-                case FlushCache(nonce=nonce):
+                case UpdateWeights():
+                    await worker.send(msg)  # after the steps already sent: in order
+                case FlushCache(nonce=nonce, allow_open=allow_open):
                     try:
-                        self.pipeline.scheduler.flush_cache()
+                        self.pipeline.scheduler.flush_cache(allow_open=allow_open)
                     except ValueError as exc:
                         await frontend.send(ControlDone(nonce, str(exc)))
                     else:

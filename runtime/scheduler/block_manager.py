@@ -110,7 +110,7 @@ class BlockManager:
 
     def cache_full_blocks(self, seq: Sequence, start: int, end: int) -> None:
         """Register the blocks of `seq` filled by computing its tokens [start, end)."""
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or not seq.cacheable:
             return
         first = start // self.block_size
         parent = self.blocks[seq.block_table[first - 1]].hash if first > 0 else None
@@ -136,12 +136,15 @@ class BlockManager:
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (stale after a weight update); how many blocks held one.
-        Only when no sequence holds a block: their hashes chain the tokens they still use."""
-        assert len(self.free) == len(self.blocks), "reset_prefix_cache() with blocks in use"
+
+        Blocks in use keep their hash, which chains their sequence's later blocks, but nobody
+        can match them any more; the scheduler stops such sequences registering blocks at all.
+        """
         flushed = len(self.cached)
         for block in self.blocks:
-            block.hash = None
-            block.token_ids = ()
+            if block.ref_count == 0:
+                block.hash = None
+                block.token_ids = ()
         self.cached.clear()
         return flushed
 

@@ -130,14 +130,17 @@ class Scheduler:
         self.waiting.extend(self.held)
         self.held.clear()
 
-    def flush_cache(self) -> int:
-        """Drop the prefix cache; ValueError if any request runs, waits or is held (their
-        blocks are in use). Returns how many cached blocks were dropped."""
-        if self.running or self.waiting or self.held:
+    def flush_cache(self, *, allow_open: bool = False) -> int:
+        """Drop the prefix cache; how many cached blocks were dropped. ValueError if any
+        request runs, waits or is held, unless `allow_open` (a weight update): then running
+        sequences keep their KV, computed with other weights, and never share it."""
+        if not allow_open and (self.running or self.waiting or self.held):
             raise ValueError(
                 f"cannot flush the cache while requests are open: {len(self.running)} running, "
                 f"{len(self.waiting)} waiting, {len(self.held)} held by a pause"
             )
+        for seq in self.running:
+            seq.cacheable = False
         return self.block_manager.reset_prefix_cache()
 
     @property

@@ -26,6 +26,7 @@ class Sequence:
 
     __slots__ = (
         "block_table",
+        "cacheable",
         "finish_reason",
         "max_tokens",
         "num_cached_tokens",
@@ -64,6 +65,7 @@ class Sequence:
         self.num_pending_tokens = 0  # sampled by steps in flight, values not known yet
         self.num_cached_tokens = -1  # prompt tokens from the prefix cache; -1 until admitted
         self.block_table: list[int] = []
+        self.cacheable = True  # False once its KV mixes weights (a flush while it held blocks)
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
 

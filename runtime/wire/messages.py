@@ -231,9 +231,21 @@ class Resume:
 
 @message(33)
 class FlushCache:
-    """Frontend → scheduler: drop the prefix cache; refused while any request is open."""
+    """Frontend → scheduler: drop the prefix cache; refused while any request is open, unless
+    `allow_open` (after a weight update)."""
 
     nonce: int
+    allow_open: bool
+
+
+@message(34)
+class UpdateWeights:
+    """Frontend → scheduler → worker: load the checkpoint at `model_path` into fresh tensors,
+    check it against the running model, and swap; the worker answers `ControlDone`. Steps
+    planned after it use the new weights."""
+
+    nonce: int
+    model_path: str
 
 
 @message(32)

@@ -9,7 +9,16 @@ import trio
 
 from runtime.config import EngineConfig
 from runtime.wire.codec import WireError
-from runtime.wire.messages import Ping, Pong, StepPlan, StepResult, WorkerReady, WorkerStats
+from runtime.wire.messages import (
+    ControlDone,
+    Ping,
+    Pong,
+    StepPlan,
+    StepResult,
+    UpdateWeights,
+    WorkerReady,
+    WorkerStats,
+)
 from runtime.wire.transport import Channel, MessageChannel
 from runtime.worker.model_runner import ModelRunner, StepOutcome
 
@@ -80,8 +89,20 @@ class WorkerActor:
                     finished = time.perf_counter()
                 case Ping(nonce=nonce):
                     await scheduler.send(Pong(nonce, None, self.statistics()))
+                case UpdateWeights(nonce=nonce, model_path=path):
+                    error = await self._update_weights(runner, path)
+                    await scheduler.send(ControlDone(nonce, error))
                 case _:
                     raise WireError(f"worker got an unexpected {type(msg).__name__}")
+
+    async def _update_weights(self, runner: ModelRunner, path: str) -> str:
+        error = await trio.to_thread.run_sync(
+            runner.update_weights, path, limiter=self._torch_thread
+        )
+        gc.unfreeze()  # the old model's objects were frozen at startup: let them go
+        gc.collect()
+        gc.freeze()
+        return error
 
     async def _execute(self, runner: ModelRunner, plan: StepPlan) -> StepOutcome:
         if self.inline:

@@ -74,6 +74,8 @@ def load_weights(model: nn.Module, model_dir: str | Path, progress: bool = False
             dest = params[target].data
             if shard is not None:
                 dest = _owner(model, target).shard(dest, shard)
+            if not tensor.is_floating_point():
+                raise CheckpointError(f"{name}: dtype {tensor.dtype} is not a floating point type")
             if dest.shape != tensor.shape:
                 raise CheckpointError(
                     f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape "

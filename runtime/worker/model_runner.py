@@ -61,13 +61,8 @@ class ModelRunner:
         self.max_model_len = resolve_max_model_len(config, self.info)
         self.device = torch.device(config.device)
         self.block_size = config.block_size
-        args = ModelArgs.from_hf(self.info.hf_config, self.info.architecture)
-        model = MODELS[self.info.architecture](args, self.info.hf_config, self.max_model_len)
-        model.to(device=self.device, dtype=self.info.dtype)
-        load_weights(model, config.model, progress=progress)
-        if self.device.type == "cpu":
-            pack_linears_for_cpu(model)
-        self.model = model.eval()
+        args = self.args = ModelArgs.from_hf(self.info.hf_config, self.info.architecture)
+        self.model = self._build_model(config.model, progress)
         self.num_blocks = self._num_kv_blocks()
         self.num_kv_heads = args.num_kv_heads
         # [layer, K/V, kv_head, block, offset, head_dim]: see runtime/layers/attention.py
@@ -81,6 +76,26 @@ class ModelRunner:
         )
         self.kv_caches = torch.zeros(cache_shape, dtype=self.info.dtype, device=self.device)
         self.table = SeqTable()
+
+    def _build_model(self, model_dir: str, progress: bool = False) -> torch.nn.Module:
+        """Our model, shaped as the served one, with the checkpoint's weights (strictly)."""
+        model = MODELS[self.info.architecture](self.args, self.info.hf_config, self.max_model_len)
+        model.to(device=self.device, dtype=self.info.dtype)
+        load_weights(model, model_dir, progress=progress)
+        if self.device.type == "cpu":
+            pack_linears_for_cpu(model)
+        return model.eval()
+
+    def update_weights(self, model_dir: str) -> str:
+        """Serve the weights of `model_dir`: loaded into a fresh model and checked tensor by
+        tensor against the served one's shapes before it takes over. Returns "" or what is
+        wrong, and then the old weights serve on, untouched."""
+        try:
+            model = self._build_model(model_dir)
+        except Exception as exc:  # a bad path must never stop the worker
+            return f"{type(exc).__name__}: {exc}"
+        self.model = model
+        return ""
 
     def _num_kv_blocks(self) -> int:
         per_block = self.info.kv_bytes_per_block(self.block_size)

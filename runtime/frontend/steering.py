@@ -1,0 +1,106 @@
+"""Steering a live engine: pause and resume, cache flush, weight updates.
+
+What a reinforcement-learning loop does between rollouts (generate, pause, load the trainer's
+weights, flush stale KV, resume), built on the engine's control messages, which the actors
+answer in order with everything else the engine sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import trio
+
+from runtime.engine_client import EngineStats
+from runtime.wire.messages import FlushCache, Pause, Resume, UpdateWeights
+
+PAUSE_MODES = ("abort", "wait", "keep")
+
+
+class Controlled(Protocol):
+    """What steering needs of the engine."""
+
+    def abort_all(self) -> None: ...
+
+    def statistics(self) -> EngineStats: ...
+
+    async def control(self, make: Callable[[int], object]) -> None:
+        """Send a control message (made from its nonce); ValueError if it failed."""
+        ...
+
+
+class Steering:
+    def __init__(self, engine: Controlled, model_path: str) -> None:
+        self._engine = engine
+        self._paused = False
+        self._updating = trio.Lock()
+        self.model_path = model_path
+        self.weight_version = "default"  # as SGLang names the weights a server started with
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    async def pause(self, mode: str = "abort") -> None:
+        """Stop generating until `resume`. Requests that arrive meanwhile are queued, in order.
+
+        "abort": every open request ends now with finish_reason "abort" and the output it has;
+        returns once nothing runs and its KV is free. "wait": open requests finish normally;
+        returns when the last has. "keep": freezes at the next step boundary with the KV kept;
+        `resume` continues them as if nothing happened.
+        """
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"mode must be one of {', '.join(PAUSE_MODES)}, not {mode!r}")
+        if self._paused:
+            raise ValueError("the engine is already paused")
+        self._paused = True
+        if mode == "abort":
+            self._engine.abort_all()  # leaves before the pause: their KV is freed first
+        await self._engine.control(lambda nonce: Pause(nonce, "keep" if mode == "abort" else mode))
+
+    async def resume(self) -> None:
+        """Continue after `pause` (a no-op if not paused)."""
+        if self._paused:
+            await self._engine.control(Resume)
+            self._paused = False
+
+    async def flush_cache(self) -> None:
+        """Drop the prefix cache; ValueError naming the counts while any request is open."""
+        await self._engine.control(lambda nonce: FlushCache(nonce, False))
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str,
+        *,
+        weight_version: str | None = None,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+    ) -> tuple[bool, str, int]:
+        """Serve the weights of another checkpoint of the same model: (success, message,
+        requests that were open when the update began).
+
+        Not paused: new requests wait while open ones finish (or are aborted, with
+        `abort_all_requests`), the weights change, then everything resumes. Paused: at once.
+        The worker checks every tensor before the swap; on any failure the old weights serve
+        on. The prefix cache is flushed unless told not to (its KV is the old weights').
+        Updates run one after another, and a caller that leaves does not stop one midway.
+        """
+        async with self._updating:
+            num_open = self._engine.statistics().frontend.num_requests_open
+            with trio.CancelScope(shield=True):
+                pausing = not self._paused
+                if pausing:
+                    await self.pause("abort" if abort_all_requests else "wait")
+                try:
+                    await self._engine.control(lambda nonce: UpdateWeights(nonce, model_path))
+                    self.model_path = model_path
+                    self.weight_version = weight_version or self.weight_version
+                    if flush_cache:  # before anyone resumes: held requests must not match it
+                        await self._engine.control(lambda nonce: FlushCache(nonce, True))
+                except ValueError as exc:
+                    return False, f"Failed to update weights: {exc}", num_open
+                finally:
+                    if pausing:
+                        await self.resume()
+            return True, "Succeeded to update model weights.", num_open
