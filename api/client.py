@@ -180,6 +180,45 @@ class Client:
     async def is_paused(self) -> bool:
         return bool((await self._request("GET", "/is_paused"))["is_paused"])
 
+    async def flush_cache(self) -> None:
+        """Drop the prefix cache (APIStatusError 400 while requests are open)."""
+        await self._request("POST", "/flush_cache", {})
+
+    async def abort_request(self, rid: str = "", *, abort_all: bool = False) -> None:
+        await self._request("POST", "/abort_request", {"rid": rid, "abort_all": abort_all})
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str,
+        *,
+        weight_version: str | None = None,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+    ) -> dict[str, Any]:
+        """{"success", "message", "num_paused_requests"}; a failed update is returned, not
+        raised, as the server answers it (400 with success false)."""
+        body = {
+            "model_path": model_path,
+            "weight_version": weight_version,
+            "flush_cache": flush_cache,
+            "abort_all_requests": abort_all_requests,
+        }
+        response = await self._http.post("/update_weights_from_disk", json=body)
+        data = _json(response.content)
+        if "success" not in data:
+            raise APIStatusError(response.status_code, data)
+        return data
+
+    async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[float]:
+        body = {"name": name, "truncate_size": truncate_size}
+        response = await self._http.post("/get_weights_by_name", json=body)
+        if response.status_code != 200:
+            raise APIStatusError(response.status_code, _json(response.content))
+        return [float(v) for v in json.loads(response.content)]
+
+    async def get_model_info(self) -> dict[str, Any]:
+        return await self._request("GET", "/get_model_info")
+
     async def _model(self, model: str | None) -> str:
         """The given model, or the first one the server lists (asked once)."""
         if model is not None:

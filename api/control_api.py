@@ -18,6 +18,7 @@ from api.errors import APIError
 from api.schemas import (
     AbortRequest,
     ContinueGenerationRequest,
+    GetWeightsByNameRequest,
     PauseGenerationRequest,
     PauseMode,
     UpdateWeightsFromDiskRequest,
@@ -103,6 +104,15 @@ def register(app: QuartTrio, state: ServerState) -> None:
         response.status_code = 200 if success else 400
         return response
 
+    @control("/get_weights_by_name")
+    async def get_weights_by_name() -> Response:
+        req = await state.parse(GetWeightsByNameRequest)
+        try:
+            values = await state.engine.get_weights_by_name(req.name, req.truncate_size)
+        except ValueError as exc:
+            raise APIError(404, str(exc), param="name", code="not_found") from None
+        return jsonify(values)
+
     @control("/abort_request")
     async def abort_request() -> Response:
         req = await state.parse(AbortRequest, optional=True)
@@ -132,6 +142,10 @@ BODIES: dict[str, tuple[type[BaseModel], str]] = {
     "/pause_generation": (PauseGenerationRequest, "Pause: mode abort, wait or keep (SGLang)"),
     "/continue_generation": (ContinueGenerationRequest, "Resume after a pause (SGLang)"),
     "/abort_request": (AbortRequest, "Abort a request by rid, or all (SGLang)"),
+    "/get_weights_by_name": (
+        GetWeightsByNameRequest,
+        "The first values of a parameter, flattened, to check an update (SGLang)",
+    ),
     "/update_weights_from_disk": (
         UpdateWeightsFromDiskRequest,
         "Serve another checkpoint's weights (SGLang); 400 with success false if it does not fit",

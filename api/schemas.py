@@ -278,3 +278,10 @@ class UpdateWeightsFromDiskRequest(Strict):
     weight_version: str | None = None
     flush_cache: bool = True
     abort_all_requests: bool = False
+
+
+class GetWeightsByNameRequest(Strict):
+    """SGLang's `POST /get_weights_by_name`."""
+
+    name: str
+    truncate_size: Annotated[int, Field(ge=1, le=100_000)] = 100

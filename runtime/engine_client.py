@@ -170,6 +170,11 @@ class EngineClient(Protocol):
         Options: `weight_version`, `flush_cache` (default True), `abort_all_requests`."""
         ...
 
+    async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[float]:
+        """The first values of a parameter (flattened), to check an update; ValueError if the
+        model has no such parameter."""
+        ...
+
     async def check_health(self) -> None:
         """Return once every actor has answered; callers put a deadline around it."""
         ...

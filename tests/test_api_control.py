@@ -145,3 +145,14 @@ async def test_update_weights_from_disk_shapes(control: QuartClient, engine: Fak
     assert "/bad" in answer["message"]
     response = await control.post("/update_weights_from_disk", json={})
     assert (await response.get_json())["error"]["param"] == "model_path"
+
+
+async def test_get_weights_by_name(control: QuartClient) -> None:
+    response = await control.post("/get_weights_by_name", json={"name": "w", "truncate_size": 2})
+    assert await response.get_json() == [0.5, 0.5]
+    response = await control.post("/get_weights_by_name", json={"name": "nope"})
+    assert response.status_code == 404
+    assert "no parameter 'nope'" in (await response.get_json())["error"]["message"]
+    big = await control.post("/get_weights_by_name", json={"name": "w", "truncate_size": 10**9})
+    assert big.status_code == 400
+    assert (await big.get_json())["error"]["param"] == "truncate_size"

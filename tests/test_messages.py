@@ -10,6 +10,7 @@ from runtime.wire.messages import (
     ControlDone,
     EngineReady,
     FlushCache,
+    GetWeights,
     NewSeq,
     Pause,
     Ping,
@@ -23,6 +24,7 @@ from runtime.wire.messages import (
     StepResult,
     Submit,
     UpdateWeights,
+    WeightValues,
     WorkerReady,
     WorkerStats,
 )
@@ -63,6 +65,9 @@ EXAMPLES = [
     Resume(6),
     FlushCache(7, True),
     UpdateWeights(8, "/path/to/checkpoint"),
+    GetWeights(9, "model.embed_tokens.weight", 100),
+    WeightValues(9, "", (0.5, -1.25)),
+    WeightValues(10, "the model has no parameter 'x'", ()),
     ControlDone(5, ""),
     ControlDone(6, "the engine is already paused"),
 ]

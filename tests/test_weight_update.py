@@ -9,8 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
+from api.client import Client
 from tests.server_process import ServerProcess
 from tools.tiny_model import make_tiny_model
 
@@ -76,6 +78,12 @@ def test_update_from_disk(
     assert new["meta_info"]["cached_tokens"] == 0
     info = httpx.get(server.url + "/get_model_info").json()
     assert info["weight_version"] == "v2" and info["model_path"] == str(new_weights)
+    name = "model.layers.1.self_attn.k_proj.weight"  # a slice of our fused qkv_proj
+    with safe_open(str(new_weights / "model.safetensors"), framework="pt") as f:
+        expected = f.get_tensor(name).flatten()[:10].tolist()
+    body = {"name": name, "truncate_size": 10}
+    values = httpx.post(server.url + "/get_weights_by_name", json=body, timeout=60).json()
+    assert values == pytest.approx(expected)
 
 
 def test_without_a_flush_the_old_prefix_cache_is_reused(
@@ -87,3 +95,17 @@ def test_without_a_flush_the_old_prefix_cache_is_reused(
     assert done.status_code == 200, done.text
     stale = generate(server)
     assert stale["meta_info"]["cached_tokens"] == 32  # two blocks of the other weights' KV
+
+
+async def test_the_trio_client_updates_and_checks_weights(
+    server: ServerProcess, llama_dir: Path
+) -> None:
+    async with Client(server.url) as client:
+        refused = await client.update_weights_from_disk("/nonexistent")
+        assert refused["success"] is False
+        done = await client.update_weights_from_disk(str(llama_dir), weight_version="v9")
+        assert done["success"] is True
+        assert (await client.get_model_info())["weight_version"] == "v9"
+        assert len(await client.get_weights_by_name("model.norm.weight", 4)) == 4
+        await client.flush_cache()
+        await client.abort_request("no-such-request")

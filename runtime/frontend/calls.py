@@ -1,8 +1,8 @@
 """Calls from the frontend to the actors that wait for an answer: pings and control messages.
 
-Each call has a nonce; the actors' answer (`Pong`, `ControlDone`) carries it back. A caller that
-leaves simply stops waiting, and a late answer is dropped; if the engine dies, every waiting
-caller is woken to find out.
+Each call has a nonce; the actors' answer (`Pong`, `ControlDone`, `WeightValues`) carries it
+back. A caller that leaves simply stops waiting, and a late answer is dropped; if the engine
+dies, every waiting caller is woken to find out.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Callable
 import trio
 
 from runtime.frontend.outbox import Outbox
-from runtime.wire.messages import ControlDone, Pong
+from runtime.wire.messages import ControlDone, Pong, WeightValues
 
-Answer = Pong | ControlDone
+Answer = Pong | ControlDone | WeightValues
 
 
 class Calls:

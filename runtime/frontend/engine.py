@@ -35,7 +35,7 @@ from runtime.engine_client import (
     RequestOutput,
     RequestTimeoutError,
 )
-from runtime.frontend.calls import Calls
+from runtime.frontend.calls import Answer, Calls
 from runtime.frontend.inputs import InputProcessor
 from runtime.frontend.outbox import Outbox
 from runtime.frontend.output_processor import OutputProcessor
@@ -54,6 +54,7 @@ from runtime.wire.messages import (
     Rejected,
     SchedulerStats,
     StepOutputs,
+    WeightValues,
     WorkerStats,
 )
 from runtime.wire.transport import MessageChannel
@@ -231,6 +232,9 @@ class Engine(EngineClient):
     ) -> tuple[bool, str, int]:
         return await self.steering.update_weights_from_disk(model_path, **options)
 
+    async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[float]:
+        return await self.steering.get_weights_by_name(name, truncate_size)
+
     # -- requests ------------------------------------------------------------------------
 
     async def _run(
@@ -295,18 +299,18 @@ class Engine(EngineClient):
     async def _ping(self, *, through_worker: bool = True) -> Pong:
         """A round trip through both actors (or to the scheduler only), after everything
         queued before it."""
-        answer = await self._ask(Ping if through_worker else Probe)
+        answer = await self.ask(Ping if through_worker else Probe)
         assert isinstance(answer, Pong)
         return answer
 
     async def control(self, make: Callable[[int], object]) -> None:
         """Send a control message (made from its nonce); ValueError if it failed."""
-        answer = await self._ask(make)
+        answer = await self.ask(make)
         assert isinstance(answer, ControlDone)
         if answer.error:
             raise ValueError(answer.error)
 
-    async def _ask(self, make: Callable[[int], object]) -> Pong | ControlDone:
+    async def ask(self, make: Callable[[int], object]) -> Answer:
         self._check_alive()
         answer = await self._calls.ask(make)
         self._check_alive()  # woken by `fail`, not by an answer
@@ -335,7 +339,7 @@ class Engine(EngineClient):
                     self._scheduler_stats = scheduler or self._scheduler_stats
                     self._worker_stats = worker or self._worker_stats
                     self._calls.answer(nonce, msg)
-                case ControlDone(nonce=nonce):
+                case ControlDone(nonce=nonce) | WeightValues(nonce=nonce):
                     self._calls.answer(nonce, msg)
                 case _:
                     raise WireError(f"frontend got an unexpected {type(msg).__name__}")

@@ -52,6 +52,6 @@ class Outbox:
         """Close the current `Submit`: first come (first `generate` call), first served,
         whatever order tasks ran in."""
         if self._adds or self._aborts:
-            adds = tuple(add for _, add in sorted(self._adds.values()))
+            adds = tuple([add for _, add in sorted(self._adds.values())])
             self._sealed.append(Submit(adds, tuple(self._aborts)))
             self._adds, self._aborts = {}, []

@@ -13,9 +13,17 @@ from typing import Protocol
 import trio
 
 from runtime.engine_client import EngineStats
-from runtime.wire.messages import FlushCache, Pause, Resume, UpdateWeights
+from runtime.wire.messages import (
+    FlushCache,
+    GetWeights,
+    Pause,
+    Resume,
+    UpdateWeights,
+    WeightValues,
+)
 
 PAUSE_MODES = ("abort", "wait", "keep")
+MAX_WEIGHT_VALUES = 100_000  # what get_weights_by_name may return: a check, not a download
 
 
 class Controlled(Protocol):
@@ -27,6 +35,10 @@ class Controlled(Protocol):
 
     async def control(self, make: Callable[[int], object]) -> None:
         """Send a control message (made from its nonce); ValueError if it failed."""
+        ...
+
+    async def ask(self, make: Callable[[int], object]) -> object:
+        """Send a message (made from its nonce) and return the actors' answer."""
         ...
 
 
@@ -104,3 +116,15 @@ class Steering:
                     if pausing:
                         await self.resume()
             return True, "Succeeded to update model weights.", num_open
+
+    async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[float]:
+        """The first `truncate_size` values of a parameter, flattened, as the worker serves
+        it (a checkpoint name, e.g. `model.layers.0.self_attn.q_proj.weight`, or ours);
+        ValueError if there is no such parameter."""
+        if not 1 <= truncate_size <= MAX_WEIGHT_VALUES:
+            raise ValueError(f"truncate_size must be in [1, {MAX_WEIGHT_VALUES}]")
+        answer = await self._engine.ask(lambda nonce: GetWeights(nonce, name, truncate_size))
+        assert isinstance(answer, WeightValues)
+        if answer.error:
+            raise ValueError(answer.error)
+        return list(answer.values)

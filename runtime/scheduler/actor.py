@@ -26,6 +26,7 @@ from runtime.wire.messages import (
     ControlDone,
     EngineReady,
     FlushCache,
+    GetWeights,
     NewSeq,
     Pause,
     Ping,
@@ -39,6 +40,7 @@ from runtime.wire.messages import (
     StepResult,
     Submit,
     UpdateWeights,
+    WeightValues,
     WorkerReady,
     WorkerStats,
 )
@@ -55,7 +57,7 @@ class SchedulerActor:
         self._inbox: list[object] = []
         self._pongs: list[int] = []  # the worker answered these pings: relay them
         self._pausing: list[int] = []  # nonces of Pause messages not answered yet
-        self._relay: list[ControlDone] = []  # the worker's answers, for the frontend
+        self._relay: list[ControlDone | WeightValues] = []  # the worker's answers: relayed
         self._inbox_changed = trio.Event()
         self._results_send, self._results = trio.open_memory_channel[StepResult](1)
         self._next_seq_id = 0
@@ -124,7 +126,7 @@ class SchedulerActor:
                     self.worker_stats = stats or self.worker_stats
                     self._pongs.append(nonce)
                     self._inbox_changed.set()
-                case ControlDone():  # the step loop relays it
+                case ControlDone() | WeightValues():  # the step loop relays it
                     self._relay.append(msg)
                     self._inbox_changed.set()
                 case _:
@@ -198,7 +200,7 @@ class SchedulerActor:
                 case Resume(nonce=nonce):
                     self.pipeline.scheduler.resume()
                     await frontend.send(ControlDone(nonce, ""))
-                case UpdateWeights():
+                case UpdateWeights() | GetWeights():
                     await worker.send(msg)  # after the steps already sent: in order
                 case FlushCache(nonce=nonce, allow_open=allow_open):
                     try:
@@ -246,11 +248,12 @@ class SchedulerActor:
 
     def _outputs_message(self, outputs: list[SampledToken]) -> StepOutputs:
         return StepOutputs(
-            rids=tuple(o.rid for o in outputs),
-            token_ids=tuple(o.token_id for o in outputs),
-            logprobs=tuple(o.logprob for o in outputs),
-            finish_reasons=tuple(o.finish_reason for o in outputs),
-            num_cached_tokens=tuple(o.num_cached_tokens for o in outputs),
+            # from lists, not generators: see runtime/wire/codec.py on tuple free lists
+            rids=tuple([o.rid for o in outputs]),
+            token_ids=tuple([o.token_id for o in outputs]),
+            logprobs=tuple([o.logprob for o in outputs]),
+            finish_reasons=tuple([o.finish_reason for o in outputs]),
+            num_cached_tokens=tuple([o.num_cached_tokens for o in outputs]),
             scheduler=self.statistics(),
             worker=self.worker_stats,
         )
@@ -282,19 +285,21 @@ def plan_message(step: ScheduledStep) -> StepPlan:
         step=step.step_id,
         # a new sequence's state as of this step's start: tokens are appended only by update()
         new_seqs=tuple(
-            NewSeq(
-                seq_id=seq.seq_id,
-                token_ids=tuple(seq.token_ids),
-                num_prompt_tokens=seq.num_prompt_tokens,
-                num_computed_tokens=start_of[seq.seq_id],
-                params=seq.params,
-            )
-            for seq in step.new_seqs
+            [
+                NewSeq(
+                    seq_id=seq.seq_id,
+                    token_ids=tuple(seq.token_ids),
+                    num_prompt_tokens=seq.num_prompt_tokens,
+                    num_computed_tokens=start_of[seq.seq_id],
+                    params=seq.params,
+                )
+                for seq in step.new_seqs
+            ]
         ),
-        seq_ids=tuple(seq.seq_id for seq in step.seqs),
+        seq_ids=tuple([seq.seq_id for seq in step.seqs]),
         num_tokens=tuple(step.num_tokens),
-        block_seq_ids=tuple(seq_id for seq_id, _ in step.new_blocks),
-        block_ids=tuple(block_id for _, block_id in step.new_blocks),
+        block_seq_ids=tuple([seq_id for seq_id, _ in step.new_blocks]),
+        block_ids=tuple([block_id for _, block_id in step.new_blocks]),
         released=tuple(step.released),
         queued=step.queued,
     )

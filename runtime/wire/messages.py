@@ -248,6 +248,25 @@ class UpdateWeights:
     model_path: str
 
 
+@message(35)
+class GetWeights:
+    """Frontend → scheduler → worker: the first `truncate_size` values of a parameter (its
+    checkpoint name or ours), flattened; answered by `WeightValues`."""
+
+    nonce: int
+    name: str
+    truncate_size: int
+
+
+@message(36)
+class WeightValues:
+    """Worker → scheduler → frontend: the answer to `GetWeights` (`error` empty if found)."""
+
+    nonce: int
+    error: str
+    values: tuple[float, ...]
+
+
 @message(32)
 class ControlDone:
     """The answer to a control message: `error` is empty if it succeeded."""

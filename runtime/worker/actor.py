@@ -11,11 +11,13 @@ from runtime.config import EngineConfig
 from runtime.wire.codec import WireError
 from runtime.wire.messages import (
     ControlDone,
+    GetWeights,
     Ping,
     Pong,
     StepPlan,
     StepResult,
     UpdateWeights,
+    WeightValues,
     WorkerReady,
     WorkerStats,
 )
@@ -89,6 +91,9 @@ class WorkerActor:
                     finished = time.perf_counter()
                 case Ping(nonce=nonce):
                     await scheduler.send(Pong(nonce, None, self.statistics()))
+                case GetWeights(nonce=nonce, name=name, truncate_size=count):
+                    error, values = runner.weight_values(name, count)
+                    await scheduler.send(WeightValues(nonce, error, values))
                 case UpdateWeights(nonce=nonce, model_path=path):
                     error = await self._update_weights(runner, path)
                     await scheduler.send(ControlDone(nonce, error))

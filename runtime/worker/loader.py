@@ -91,6 +91,19 @@ def load_weights(model: nn.Module, model_dir: str | Path, progress: bool = False
         raise CheckpointError(f"checkpoint lacks {len(names)} tensors, e.g. {names[:5]}")
 
 
+def find_parameter(model: nn.Module, name: str) -> torch.Tensor:
+    """A parameter by its checkpoint name (a slice of a fused one) or by ours; KeyError if
+    the model has none."""
+    params = dict(model.named_parameters())
+    if name in params:
+        return params[name].data
+    target, shard = _map_name(name, getattr(model, "packed_modules", {}))
+    if target not in params:
+        raise KeyError(f"the model has no parameter {name!r}")
+    tensor = params[target].data
+    return tensor if shard is None else _owner(model, target).shard(tensor, shard)
+
+
 def _map_name(name: str, packed: dict[str, tuple[str, int]]) -> tuple[str, int | None]:
     parts = name.split(".")
     for i, part in enumerate(parts):

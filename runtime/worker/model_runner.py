@@ -19,7 +19,7 @@ from runtime.model_info import load_model_info, resolve_max_model_len
 from runtime.models import MODELS
 from runtime.models.llama import ModelArgs
 from runtime.wire.messages import StepPlan
-from runtime.worker.loader import load_weights
+from runtime.worker.loader import find_parameter, load_weights
 from runtime.worker.sampler import SamplingBatch, make_sampling_batch, sample
 from runtime.worker.seq_table import SeqTable, WorkerSeq
 
@@ -96,6 +96,14 @@ class ModelRunner:
             return f"{type(exc).__name__}: {exc}"
         self.model = model
         return ""
+
+    def weight_values(self, name: str, count: int) -> tuple[str, tuple[float, ...]]:
+        """("", the first `count` values of a parameter, flattened) or (what is wrong, ())."""
+        try:
+            tensor = find_parameter(self.model, name)
+        except KeyError as exc:
+            return str(exc.args[0]), ()
+        return "", tuple(tensor.flatten()[:count].float().tolist())
 
     def _num_kv_blocks(self) -> int:
         per_block = self.info.kv_bytes_per_block(self.block_size)
