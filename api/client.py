@@ -216,6 +216,16 @@ class Client:
             raise APIStatusError(response.status_code, _json(response.content))
         return [float(v) for v in json.loads(response.content)]
 
+    async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Free the KV cache and/or the weights (default both); generation waits meanwhile."""
+        await self._request("POST", "/release_memory_occupation", {"tags": tags})
+
+    async def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        await self._request("POST", "/resume_memory_occupation", {"tags": tags})
+
+    async def is_sleeping(self) -> bool:
+        return bool((await self._request("GET", "/is_sleeping"))["is_sleeping"])
+
     async def get_model_info(self) -> dict[str, Any]:
         return await self._request("GET", "/get_model_info")
 

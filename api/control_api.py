@@ -19,6 +19,8 @@ from api.schemas import (
     AbortRequest,
     ContinueGenerationRequest,
     GetWeightsByNameRequest,
+    MemoryOccupationRequest,
+    MemoryTag,
     PauseGenerationRequest,
     PauseMode,
     UpdateWeightsFromDiskRequest,
@@ -55,7 +57,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
     @control("/continue_generation")
     async def continue_generation() -> Response:
         await state.parse(ContinueGenerationRequest, optional=True)
-        await state.engine.resume()
+        await steer(state.engine.resume())
         return jsonify({"message": "Generation continued successfully.", "status": "ok"})
 
     @control("/pause")
@@ -73,7 +75,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
 
     @control("/resume")
     async def resume_vllm() -> Response:
-        await state.engine.resume()
+        await steer(state.engine.resume())
         return jsonify({"status": "resumed"})
 
     @control("/is_paused", method="GET")
@@ -113,6 +115,40 @@ def register(app: QuartTrio, state: ServerState) -> None:
             raise APIError(404, str(exc), param="name", code="not_found") from None
         return jsonify(values)
 
+    @control("/release_memory_occupation")
+    async def release_memory_occupation() -> Response:
+        req = await state.parse(MemoryOccupationRequest, optional=True)
+        await steer(state.engine.release_memory_occupation(list(req.tags or MEMORY_TAGS)))
+        return jsonify({"success": True, "message": "Memory released."})
+
+    @control("/resume_memory_occupation")
+    async def resume_memory_occupation() -> Response:
+        req = await state.parse(MemoryOccupationRequest, optional=True)
+        await steer(state.engine.resume_memory_occupation(list(req.tags or MEMORY_TAGS)))
+        return jsonify({"success": True, "message": "Memory resumed."})
+
+    @control("/sleep")
+    async def sleep_vllm() -> Response:
+        await steer(state.engine.release_memory_occupation(list(MEMORY_TAGS)))
+        return Response(b"", 200)
+
+    @control("/wake_up")
+    async def wake_up_vllm() -> Response:
+        tags = request.args.getlist("tags") or list(MEMORY_TAGS)
+        if not set(tags) <= set(MEMORY_TAGS):
+            raise APIError(
+                400,
+                f"tags must be among {', '.join(MEMORY_TAGS)}",
+                param="tags",
+                code="invalid_value",
+            )
+        await steer(state.engine.resume_memory_occupation(tags))
+        return Response(b"", 200)
+
+    @control("/is_sleeping", method="GET")
+    async def is_sleeping() -> Response:
+        return jsonify({"is_sleeping": state.engine.is_sleeping})
+
     @control("/abort_request")
     async def abort_request() -> Response:
         req = await state.parse(AbortRequest, optional=True)
@@ -121,6 +157,17 @@ def register(app: QuartTrio, state: ServerState) -> None:
         elif req.rid:
             state.engine.abort(req.rid)  # an unknown rid is a no-op, as in SGLang
         return Response(b"", 200)
+
+
+MEMORY_TAGS: tuple[MemoryTag, ...] = get_args(MemoryTag)
+
+
+async def steer(call: Awaitable[None]) -> None:
+    """A steering call whose ValueError (a state that forbids it) is the client's 400."""
+    try:
+        await call
+    except ValueError as exc:
+        raise APIError(400, str(exc), code="invalid_state") from None
 
 
 async def flush(state: ServerState) -> None:
@@ -146,6 +193,11 @@ BODIES: dict[str, tuple[type[BaseModel], str]] = {
         GetWeightsByNameRequest,
         "The first values of a parameter, flattened, to check an update (SGLang)",
     ),
+    "/release_memory_occupation": (
+        MemoryOccupationRequest,
+        "Free the KV cache and/or the weights; generation waits meanwhile (SGLang)",
+    ),
+    "/resume_memory_occupation": (MemoryOccupationRequest, "Bring them back (SGLang)"),
     "/update_weights_from_disk": (
         UpdateWeightsFromDiskRequest,
         "Serve another checkpoint's weights (SGLang); 400 with success false if it does not fit",
@@ -156,5 +208,10 @@ POSTS = {
     "/resume": "Resume (vLLM)",
     "/flush_cache": "Drop the prefix cache; 400 while requests are open (SGLang)",
     "/reset_prefix_cache": "Drop the prefix cache (vLLM)",
+    "/sleep": "Free the KV cache and the weights (vLLM)",
+    "/wake_up": "Bring them back; ?tags=weights&tags=kv_cache (vLLM)",
 }
-GETS = {"/is_paused": "Whether generation is paused (vLLM)"}
+GETS = {
+    "/is_paused": "Whether generation is paused (vLLM)",
+    "/is_sleeping": "Whether memory is released (vLLM)",
+}

@@ -285,3 +285,12 @@ class GetWeightsByNameRequest(Strict):
 
     name: str
     truncate_size: Annotated[int, Field(ge=1, le=100_000)] = 100
+
+
+MemoryTag = Literal["kv_cache", "weights"]
+
+
+class MemoryOccupationRequest(Strict):
+    """SGLang's `POST /release_memory_occupation` and `/resume_memory_occupation`."""
+
+    tags: Annotated[list[MemoryTag], Field(min_length=1, max_length=2)] | None = None

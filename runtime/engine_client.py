@@ -170,6 +170,16 @@ class EngineClient(Protocol):
         Options: `weight_version`, `flush_cache` (default True), `abort_all_requests`."""
         ...
 
+    @property
+    def is_sleeping(self) -> bool: ...
+
+    async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Free the KV pool and/or the weights (tags "kv_cache", "weights"; default both);
+        generation waits until `resume_memory_occupation`. ValueError while requests run."""
+        ...
+
+    async def resume_memory_occupation(self, tags: list[str] | None = None) -> None: ...
+
     async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[float]:
         """The first values of a parameter (flattened), to check an update; ValueError if the
         model has no such parameter."""

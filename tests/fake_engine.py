@@ -37,6 +37,7 @@ class FakeEngine(EngineClient):
     step: trio.Event | None = None  # if set, each output waits for it (tests pace streams)
     paused: str | None = None  # the pause mode, while paused (nothing else changes)
     flushes: int = 0
+    released: set[str] = field(default_factory=set)
     updates: list[tuple[str, dict[str, object]]] = field(default_factory=list)
 
     @property
@@ -122,6 +123,8 @@ class FakeEngine(EngineClient):
 
     async def resume(self) -> None:
         await trio.lowlevel.checkpoint()
+        if self.released:
+            raise ValueError("memory is released: resume_memory_occupation first")
         self.paused = None
 
     async def update_weights_from_disk(
@@ -138,6 +141,20 @@ class FakeEngine(EngineClient):
         if name != "w":
             raise ValueError(f"the model has no parameter {name!r}")
         return [0.5] * min(truncate_size, 3)
+
+    @property
+    def is_sleeping(self) -> bool:
+        return bool(self.released)
+
+    async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.open:
+            raise ValueError("cannot release memory while requests run")
+        self.released |= set(tags or ("kv_cache", "weights"))
+
+    async def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        await trio.lowlevel.checkpoint()
+        self.released -= set(tags or ("kv_cache", "weights"))
 
     async def flush_cache(self) -> None:
         await trio.lowlevel.checkpoint()

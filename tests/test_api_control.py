@@ -156,3 +156,28 @@ async def test_get_weights_by_name(control: QuartClient) -> None:
     big = await control.post("/get_weights_by_name", json={"name": "w", "truncate_size": 10**9})
     assert big.status_code == 400
     assert (await big.get_json())["error"]["param"] == "truncate_size"
+
+
+async def test_release_and_resume_memory_and_the_vllm_aliases(
+    control: QuartClient, engine: FakeEngine
+) -> None:
+    response = await control.post("/release_memory_occupation", json={"tags": ["kv_cache"]})
+    assert (await response.get_json())["success"] is True and engine.released == {"kv_cache"}
+    assert await (await control.get("/is_sleeping")).get_json() == {"is_sleeping": True}
+    assert (await control.post("/resume_memory_occupation")).status_code == 200
+    assert not engine.released
+    assert (await control.post("/sleep")).status_code == 200
+    assert engine.released == {"kv_cache", "weights"}
+    wake = await control.post("/wake_up", query_string={"tags": "weights"})
+    assert wake.status_code == 200 and engine.released == {"kv_cache"}
+    refused = await control.post("/continue_generation")
+    assert (
+        refused.status_code == 400
+        and "resume_memory_occupation first" in (await refused.get_json())["error"]["message"]
+    )
+    assert (await control.post("/wake_up", query_string={"tags": "gpu"})).status_code == 400
+    bad = await control.post("/release_memory_occupation", json={"tags": ["everything"]})
+    assert bad.status_code == 400 and (await bad.get_json())["error"]["param"] == "tags[0]"
+    engine.open.add("r")
+    busy = await control.post("/release_memory_occupation")
+    assert busy.status_code == 400 and "requests run" in (await busy.get_json())["error"]["message"]

@@ -23,6 +23,23 @@ ROUTES = [
     ("GET", "/health"),
     ("GET", "/metrics"),
     ("GET", "/openapi.json"),
+    ("GET", "/get_model_info"),
+    # the control routes (on here)
+    ("POST", "/pause_generation"),
+    ("POST", "/continue_generation"),
+    ("POST", "/pause"),
+    ("POST", "/resume"),
+    ("GET", "/is_paused"),
+    ("POST", "/flush_cache"),
+    ("POST", "/reset_prefix_cache"),
+    ("POST", "/abort_request"),
+    ("POST", "/update_weights_from_disk"),
+    ("POST", "/get_weights_by_name"),
+    ("POST", "/release_memory_occupation"),
+    ("POST", "/resume_memory_occupation"),
+    ("POST", "/sleep"),
+    ("POST", "/wake_up"),
+    ("GET", "/is_sleeping"),
 ]
 
 json_values = st.recursive(
@@ -31,6 +48,8 @@ json_values = st.recursive(
     max_leaves=12,
 )
 FIELDS = [
+    "mode", "model_path", "weight_version", "flush_cache", "abort_all_requests", "tags", "name",
+    "truncate_size", "rid", "abort_all",
     "prompt", "messages", "text", "input_ids", "tokens", "max_tokens", "max_completion_tokens",
     "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "seed", "ignore_eos",
     "stream", "stream_options", "n", "logprobs", "sampling_params", "rid", "add_special_tokens",
@@ -56,7 +75,8 @@ near_valid = st.fixed_dictionaries(
 @given(route=st.sampled_from(ROUTES), body=json_values | near_valid, raw=st.booleans())
 async def test_no_input_is_a_server_error(route: tuple[str, str], body: Any, raw: bool) -> None:
     method, path = route
-    app = create_app(FakeEngine(), ServerSettings(served_model_name=MODEL))
+    settings = ServerSettings(served_model_name=MODEL, enable_control_api=True)
+    app = create_app(FakeEngine(), settings)
     async with app.test_app() as test_app:
         client = test_app.test_client()
         data = json.dumps(body).encode() if not raw else repr(body).encode()  # and non-JSON

@@ -29,7 +29,8 @@ async def test_whatever_the_schema_allows_is_answered_without_a_server_error(
     body = case.body
     if named_model and isinstance(body, dict) and "model" in body:
         body = body | {"model": MODEL}  # past the 404, into the handlers
-    app = create_app(FakeEngine(), ServerSettings(served_model_name=MODEL))
+    settings = ServerSettings(served_model_name=MODEL, enable_control_api=True)
+    app = create_app(FakeEngine(), settings)
     async with app.test_app() as test_app:
         response = await test_app.test_client().post(
             case.path, data=json.dumps(body), headers={"Content-Type": "application/json"}

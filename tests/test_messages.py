@@ -17,7 +17,9 @@ from runtime.wire.messages import (
     Pong,
     Probe,
     Rejected,
+    ReleaseMemory,
     Resume,
+    ResumeMemory,
     SchedulerStats,
     StepOutputs,
     StepPlan,
@@ -68,6 +70,8 @@ EXAMPLES = [
     GetWeights(9, "model.embed_tokens.weight", 100),
     WeightValues(9, "", (0.5, -1.25)),
     WeightValues(10, "the model has no parameter 'x'", ()),
+    ReleaseMemory(11, ("kv_cache", "weights")),
+    ResumeMemory(12, ("weights",)),
     ControlDone(5, ""),
     ControlDone(6, "the engine is already paused"),
 ]

@@ -235,6 +235,16 @@ class Engine(EngineClient):
     async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[float]:
         return await self.steering.get_weights_by_name(name, truncate_size)
 
+    @property
+    def is_sleeping(self) -> bool:
+        return self.steering.is_sleeping
+
+    async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        await self.steering.release_memory_occupation(tags)
+
+    async def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        await self.steering.resume_memory_occupation(tags)
+
     # -- requests ------------------------------------------------------------------------
 
     async def _run(

@@ -17,12 +17,15 @@ from runtime.wire.messages import (
     FlushCache,
     GetWeights,
     Pause,
+    ReleaseMemory,
     Resume,
+    ResumeMemory,
     UpdateWeights,
     WeightValues,
 )
 
 PAUSE_MODES = ("abort", "wait", "keep")
+MEMORY_TAGS = ("kv_cache", "weights")
 MAX_WEIGHT_VALUES = 100_000  # what get_weights_by_name may return: a check, not a download
 
 
@@ -49,6 +52,8 @@ class Steering:
         self._updating = trio.Lock()
         self.model_path = model_path
         self.weight_version = "default"  # as SGLang names the weights a server started with
+        self._released: set[str] = set()  # memory given back (release_memory_occupation)
+        self._paused_to_sleep = False  # the release paused generation: the resume unpauses
 
     @property
     def is_paused(self) -> bool:
@@ -73,6 +78,11 @@ class Steering:
 
     async def resume(self) -> None:
         """Continue after `pause` (a no-op if not paused)."""
+        if self._released:
+            raise ValueError(
+                f"the engine's {' and '.join(sorted(self._released))} memory is released: "
+                "resume_memory_occupation first"
+            )
         if self._paused:
             await self._engine.control(Resume)
             self._paused = False
@@ -98,6 +108,8 @@ class Steering:
         on. The prefix cache is flushed unless told not to (its KV is the old weights').
         Updates run one after another, and a caller that leaves does not stop one midway.
         """
+        if "weights" in self._released:
+            return False, "the weights are released: resume_memory_occupation first", 0
         async with self._updating:
             num_open = self._engine.statistics().frontend.num_requests_open
             with trio.CancelScope(shield=True):
@@ -128,3 +140,47 @@ class Steering:
         if answer.error:
             raise ValueError(answer.error)
         return list(answer.values)
+
+    # -- memory ------------------------------------------------------------------------
+
+    @property
+    def is_sleeping(self) -> bool:
+        return bool(self._released)
+
+    async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Free the KV pool and/or the weights (default both) for a colocated trainer; the
+        memory is returned before this returns. Only while no request runs or waits: pause
+        first if any do. Generation stays paused (new requests wait) until
+        `resume_memory_occupation` has brought everything back."""
+        wanted = _memory_tags(tags)
+        if not self._paused:
+            await self.pause("keep")  # holds new requests; nothing is in flight after it
+            self._paused_to_sleep = True
+        try:
+            await self._engine.control(lambda nonce: ReleaseMemory(nonce, wanted))
+        except ValueError:
+            if self._paused_to_sleep and not self._released:
+                self._paused_to_sleep = False
+                await self.resume()
+            raise
+        self._released.update(wanted)
+
+    async def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Bring back what `release_memory_occupation` freed (default both): a fresh KV pool,
+        the weights reloaded from their last source. ValueError if that fails."""
+        wanted = tuple(t for t in _memory_tags(tags) if t in self._released)
+        if wanted:
+            await self._engine.control(lambda nonce: ResumeMemory(nonce, wanted))
+            self._released.difference_update(wanted)
+        if not self._released and self._paused_to_sleep:
+            self._paused_to_sleep = False
+            await self.resume()
+
+
+def _memory_tags(tags: list[str] | None) -> tuple[str, ...]:
+    if tags is None:
+        return MEMORY_TAGS
+    unknown = sorted(set(tags) - set(MEMORY_TAGS))
+    if unknown or not tags:
+        raise ValueError(f"tags must be among {', '.join(MEMORY_TAGS)}, got {tags!r}")
+    return tuple(t for t in MEMORY_TAGS if t in tags)

@@ -33,7 +33,9 @@ from runtime.wire.messages import (
     Pong,
     Probe,
     Rejected,
+    ReleaseMemory,
     Resume,
+    ResumeMemory,
     SchedulerStats,
     StepOutputs,
     StepPlan,
@@ -165,6 +167,18 @@ class SchedulerActor:
                 for nonce in pausing:
                     await frontend.send(ControlDone(nonce, ""))
 
+    def _release_refusal(self, tags: tuple[str, ...]) -> str:
+        """Why memory cannot be released now ("" if it can); with the KV goes the cache."""
+        core = self.pipeline.scheduler
+        if core.running or core.waiting or self.pipeline.in_flight:
+            return (
+                f"cannot release memory while requests run: {len(core.running)} running, "
+                f"{len(core.waiting)} waiting (pause with mode abort or wait first)"
+            )
+        if "kv_cache" in tags:
+            core.flush_cache(allow_open=True)  # only held requests: they hold no blocks
+        return ""
+
     def _pause_took_hold(self) -> bool:
         """Nothing in flight and, in mode "wait", nothing admitted before the pause left; or
         a resume came first."""
@@ -200,8 +214,14 @@ class SchedulerActor:
                 case Resume(nonce=nonce):
                     self.pipeline.scheduler.resume()
                     await frontend.send(ControlDone(nonce, ""))
-                case UpdateWeights() | GetWeights():
+                case UpdateWeights() | GetWeights() | ResumeMemory():
                     await worker.send(msg)  # after the steps already sent: in order
+                case ReleaseMemory(nonce=nonce, tags=tags):
+                    refusal = self._release_refusal(tags)
+                    if refusal:
+                        await frontend.send(ControlDone(nonce, refusal))
+                    else:
+                        await worker.send(msg)
                 case FlushCache(nonce=nonce, allow_open=allow_open):
                     try:
                         self.pipeline.scheduler.flush_cache(allow_open=allow_open)

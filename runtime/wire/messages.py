@@ -267,6 +267,24 @@ class WeightValues:
     values: tuple[float, ...]
 
 
+@message(37)
+class ReleaseMemory:
+    """Frontend → scheduler → worker: free the KV pool and/or the weights (`tags` among
+    "kv_cache", "weights"). The scheduler refuses while any request runs or waits, and drops
+    its prefix cache with the KV; answered by `ControlDone`."""
+
+    nonce: int
+    tags: tuple[str, ...]
+
+
+@message(38)
+class ResumeMemory:
+    """Frontend → scheduler → worker: bring back what `ReleaseMemory` freed."""
+
+    nonce: int
+    tags: tuple[str, ...]
+
+
 @message(32)
 class ControlDone:
     """The answer to a control message: `error` is empty if it succeeded."""

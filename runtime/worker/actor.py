@@ -14,6 +14,8 @@ from runtime.wire.messages import (
     GetWeights,
     Ping,
     Pong,
+    ReleaseMemory,
+    ResumeMemory,
     StepPlan,
     StepResult,
     UpdateWeights,
@@ -94,6 +96,15 @@ class WorkerActor:
                 case GetWeights(nonce=nonce, name=name, truncate_size=count):
                     error, values = runner.weight_values(name, count)
                     await scheduler.send(WeightValues(nonce, error, values))
+                case ReleaseMemory(nonce=nonce, tags=tags):
+                    runner.release_memory(tags)
+                    await self._collect_garbage()
+                    await scheduler.send(ControlDone(nonce, ""))
+                case ResumeMemory(nonce=nonce, tags=tags):
+                    error = await trio.to_thread.run_sync(
+                        runner.resume_memory, tags, limiter=self._torch_thread
+                    )
+                    await scheduler.send(ControlDone(nonce, error))
                 case UpdateWeights(nonce=nonce, model_path=path):
                     error = await self._update_weights(runner, path)
                     await scheduler.send(ControlDone(nonce, error))
@@ -104,10 +115,15 @@ class WorkerActor:
         error = await trio.to_thread.run_sync(
             runner.update_weights, path, limiter=self._torch_thread
         )
-        gc.unfreeze()  # the old model's objects were frozen at startup: let them go
+        await self._collect_garbage()
+        return error
+
+    async def _collect_garbage(self) -> None:
+        """Objects frozen at startup (the model's) may be gone now: let the GC see them."""
+        await trio.lowlevel.checkpoint()
+        gc.unfreeze()
         gc.collect()
         gc.freeze()
-        return error
 
     async def _execute(self, runner: ModelRunner, plan: StepPlan) -> StepOutcome:
         if self.inline:

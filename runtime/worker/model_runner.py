@@ -62,7 +62,8 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.block_size = config.block_size
         args = self.args = ModelArgs.from_hf(self.info.hf_config, self.info.architecture)
-        self.model = self._build_model(config.model, progress)
+        self.model_path = config.model  # where the served weights came from
+        self.model: torch.nn.Module | None = self._build_model(config.model, progress)
         self.num_blocks = self._num_kv_blocks()
         self.num_kv_heads = args.num_kv_heads
         # [layer, K/V, kv_head, block, offset, head_dim]: see runtime/layers/attention.py
@@ -74,8 +75,34 @@ class ModelRunner:
             self.block_size,
             args.head_dim,
         )
-        self.kv_caches = torch.zeros(cache_shape, dtype=self.info.dtype, device=self.device)
+        self.cache_shape = cache_shape
+        self.kv_caches = self._new_kv_caches()
         self.table = SeqTable()
+
+    def _new_kv_caches(self) -> torch.Tensor:
+        return torch.zeros(self.cache_shape, dtype=self.info.dtype, device=self.device)
+
+    def release_memory(self, tags: tuple[str, ...]) -> None:
+        """Give the KV pool and/or the weights back to the system (a colocated trainer
+        wants them); nothing may run until `resume_memory` brings them back."""
+        if "kv_cache" in tags:
+            self.kv_caches = torch.empty(0, dtype=self.info.dtype, device=self.device)
+        if "weights" in tags:
+            self.model = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def resume_memory(self, tags: tuple[str, ...]) -> str:
+        """Bring back what `release_memory` freed: a zeroed KV pool, the weights reloaded from
+        where they last came from. Returns "" or what went wrong."""
+        if "weights" in tags and self.model is None:
+            try:
+                self.model = self._build_model(self.model_path)
+            except Exception as exc:  # e.g. the checkpoint is gone: the worker carries on
+                return f"{type(exc).__name__}: {exc}"
+        if "kv_cache" in tags and self.kv_caches.numel() == 0:
+            self.kv_caches = self._new_kv_caches()
+        return ""
 
     def _build_model(self, model_dir: str, progress: bool = False) -> torch.nn.Module:
         """Our model, shaped as the served one, with the checkpoint's weights (strictly)."""
@@ -94,12 +121,14 @@ class ModelRunner:
             model = self._build_model(model_dir)
         except Exception as exc:  # a bad path must never stop the worker
             return f"{type(exc).__name__}: {exc}"
-        self.model = model
+        self.model, self.model_path = model, model_dir
         return ""
 
     def weight_values(self, name: str, count: int) -> tuple[str, tuple[float, ...]]:
         """("", the first `count` values of a parameter, flattened) or (what is wrong, ())."""
         try:
+            if self.model is None:
+                raise KeyError("the weights are released (resume_memory_occupation first)")
             tensor = find_parameter(self.model, name)
         except KeyError as exc:
             return str(exc.args[0]), ()
@@ -128,6 +157,7 @@ class ModelRunner:
         seqs = self.table.apply(plan)
         inputs = self._prepare(plan, seqs)
         prepared = time.perf_counter()
+        assert self.model is not None, "a step while the weights are released"
         logits = self.model(
             inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, inputs.logit_rows
         )
