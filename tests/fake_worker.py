@@ -22,6 +22,8 @@ from runtime.wire.messages import (
     ControlDone,
     Ping,
     Pong,
+    ReleaseMemory,
+    ResumeMemory,
     StepPlan,
     StepResult,
     UpdateWeights,
@@ -119,6 +121,8 @@ async def fake_worker(
                 )
             case Ping(nonce=nonce):
                 await scheduler.send(Pong(nonce, None, stats))
+            case ReleaseMemory(nonce=nonce) | ResumeMemory(nonce=nonce):
+                await scheduler.send(ControlDone(nonce, ""))
             case UpdateWeights(nonce=nonce, model_path=path):
                 weights += "bad" not in path
                 error = "CheckpointError: no such checkpoint" if "bad" in path else ""
