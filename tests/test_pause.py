@@ -123,7 +123,8 @@ async def test_wait_lets_open_requests_finish_and_holds_new_ones(
             pausing.set()
 
         nursery.start_soon(pause)
-        await trio.lowlevel.checkpoint()
+        while not engine.is_paused:  # the pause has begun
+            await trio.lowlevel.checkpoint()
         late = Run(engine, [9, 9])
         nursery.start_soon(late.consume)
         await pausing.wait()
@@ -237,3 +238,23 @@ async def test_an_update_while_paused_proceeds_at_once_and_stays_paused(
         await run.done.wait()
         assert run.token_ids[:done] == expected_output(PROMPT, 40)[:done]
         assert run.token_ids != expected_output(PROMPT, 40)  # the rest: the new weights
+
+
+async def test_a_resume_during_a_memory_release_waits_for_it_then_is_refused(
+    llama_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Found by review: the resume used to slip in and let steps run without their memory."""
+    async with fake_engine(llama_dir, 2) as engine, trio.open_nursery() as nursery:
+        nursery.start_soon(engine.release_memory_occupation, None)
+        while not engine.is_paused:  # the release has begun
+            await trio.lowlevel.checkpoint()
+        with pytest.raises(ValueError, match="resume_memory_occupation first"):
+            await engine.resume()
+        assert engine.is_sleeping and engine.is_paused
+        run = Run(engine, PROMPT)
+        nursery.start_soon(run.consume)
+        await trio.sleep(30)
+        assert not run.outputs  # held while the memory is away
+        await engine.resume_memory_occupation()
+        await run.done.wait()
+        assert run.token_ids == expected_output(PROMPT, 40) and not engine.is_paused

@@ -49,7 +49,9 @@ class Steering:
     def __init__(self, engine: Controlled, model_path: str) -> None:
         self._engine = engine
         self._paused = False
-        self._updating = trio.Lock()
+        # Steering calls run one after another, so none sees another's half-done state (a
+        # resume slipping into a memory release, a user's pause into an update).
+        self._lock = trio.Lock()
         self.model_path = model_path
         self.weight_version = "default"  # as SGLang names the weights a server started with
         self._released: set[str] = set()  # memory given back (release_memory_occupation)
@@ -60,6 +62,14 @@ class Steering:
         return self._paused
 
     async def pause(self, mode: str = "abort") -> None:
+        async with self._lock:
+            await self._pause(mode)
+
+    async def resume(self) -> None:
+        async with self._lock:
+            await self._resume()
+
+    async def _pause(self, mode: str) -> None:
         """Stop generating until `resume`. Requests that arrive meanwhile are queued, in order.
 
         "abort": every open request ends now with finish_reason "abort" and the output it has;
@@ -76,7 +86,7 @@ class Steering:
             self._engine.abort_all()  # leaves before the pause: their KV is freed first
         await self._engine.control(lambda nonce: Pause(nonce, "keep" if mode == "abort" else mode))
 
-    async def resume(self) -> None:
+    async def _resume(self) -> None:
         """Continue after `pause` (a no-op if not paused)."""
         if self._released:
             raise ValueError(
@@ -106,16 +116,17 @@ class Steering:
         `abort_all_requests`), the weights change, then everything resumes. Paused: at once.
         The worker checks every tensor before the swap; on any failure the old weights serve
         on. The prefix cache is flushed unless told not to (its KV is the old weights').
-        Updates run one after another, and a caller that leaves does not stop one midway.
+        Steering calls run one after another, and a caller that leaves does not stop an
+        update midway.
         """
-        if "weights" in self._released:
-            return False, "the weights are released: resume_memory_occupation first", 0
-        async with self._updating:
+        async with self._lock:
+            if "weights" in self._released:
+                return False, "the weights are released: resume_memory_occupation first", 0
             num_open = self._engine.statistics().frontend.num_requests_open
             with trio.CancelScope(shield=True):
                 pausing = not self._paused
                 if pausing:
-                    await self.pause("abort" if abort_all_requests else "wait")
+                    await self._pause("abort" if abort_all_requests else "wait")
                 try:
                     await self._engine.control(lambda nonce: UpdateWeights(nonce, model_path))
                     self.model_path = model_path
@@ -126,7 +137,7 @@ class Steering:
                     return False, f"Failed to update weights: {exc}", num_open
                 finally:
                     if pausing:
-                        await self.resume()
+                        await self._resume()
             return True, "Succeeded to update model weights.", num_open
 
     async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[float]:
@@ -153,28 +164,30 @@ class Steering:
         first if any do. Generation stays paused (new requests wait) until
         `resume_memory_occupation` has brought everything back."""
         wanted = _memory_tags(tags)
-        if not self._paused:
-            await self.pause("keep")  # holds new requests; nothing is in flight after it
-            self._paused_to_sleep = True
-        try:
-            await self._engine.control(lambda nonce: ReleaseMemory(nonce, wanted))
-        except ValueError:
-            if self._paused_to_sleep and not self._released:
-                self._paused_to_sleep = False
-                await self.resume()
-            raise
-        self._released.update(wanted)
+        async with self._lock:
+            if not self._paused:
+                await self._pause("keep")  # holds new requests; nothing in flight after it
+                self._paused_to_sleep = True
+            try:
+                await self._engine.control(lambda nonce: ReleaseMemory(nonce, wanted))
+            except ValueError:
+                if self._paused_to_sleep and not self._released:
+                    self._paused_to_sleep = False
+                    await self._resume()
+                raise
+            self._released.update(wanted)
 
     async def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
         """Bring back what `release_memory_occupation` freed (default both): a fresh KV pool,
         the weights reloaded from their last source. ValueError if that fails."""
-        wanted = tuple(t for t in _memory_tags(tags) if t in self._released)
-        if wanted:
-            await self._engine.control(lambda nonce: ResumeMemory(nonce, wanted))
-            self._released.difference_update(wanted)
-        if not self._released and self._paused_to_sleep:
-            self._paused_to_sleep = False
-            await self.resume()
+        async with self._lock:
+            wanted = tuple(t for t in _memory_tags(tags) if t in self._released)
+            if wanted:
+                await self._engine.control(lambda nonce: ResumeMemory(nonce, wanted))
+                self._released.difference_update(wanted)
+            if not self._released and self._paused_to_sleep:
+                self._paused_to_sleep = False
+                await self._resume()
 
 
 def _memory_tags(tags: list[str] | None) -> tuple[str, ...]:
