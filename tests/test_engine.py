@@ -76,7 +76,8 @@ async def test_abort_mid_prefill_frees_every_block(llama_dir: Path, mode: str) -
         with trio.CancelScope() as scope:
             if i % 2:
                 abandoned.append(scope)
-            async for out in engine.generate(prompts[i], SamplingParams(max_tokens=8)):
+            params = SamplingParams(max_tokens=8, ignore_eos=True)  # "length", never an EOS
+            async for out in engine.generate(prompts[i], params):
                 first_token.set()
                 if out.finished:
                     finished.append(out.finish_reason or "")
