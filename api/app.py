@@ -14,7 +14,7 @@ from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from api import control_api, native_api, openai_api
+from api import control_api, native_api, openai_api, uploads
 from api.errors import APIError, engine_stopped, timed_out
 from api.openapi import openapi
 from api.schemas import DetokenizeRequest, TokenizeRequest
@@ -27,6 +27,8 @@ _PUBLIC = frozenset({"/health", "/metrics", "/openapi.json"})
 
 def create_app(engine: EngineClient, settings: ServerSettings) -> QuartTrio:
     app = QuartTrio(__name__)
+    if settings.enable_control_api:
+        app.request_class = uploads.request_class(control_api.UPLOAD_PATHS)
     app.config.update(
         RESPONSE_TIMEOUT=None,  # never cut a long stream (Quart's default is 60 s)
         BODY_TIMEOUT=60,

@@ -13,7 +13,7 @@ that iterates a stream closes its connection, and the server aborts the request.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,7 +203,77 @@ class Client:
             "flush_cache": flush_cache,
             "abort_all_requests": abort_all_requests,
         }
-        response = await self._http.post("/update_weights_from_disk", json=body)
+        return await self._outcome(self._http.post("/update_weights_from_disk", json=body))
+
+    async def update_weights_from_tensor(
+        self, safetensors: bytes, *, weight_version: str | None = None, flush_cache: bool = True
+    ) -> dict[str, Any]:
+        """Install the tensors of a safetensors file (`safetensors.torch.save(tensors)`), some
+        or all of the model's, by checkpoint name: {"success", "message"}."""
+        params = {"flush_cache": str(flush_cache).lower()}
+        if weight_version is not None:
+            params["weight_version"] = weight_version
+        headers = {"Content-Type": "application/octet-stream"}
+        post = self._http.post(
+            "/update_weights_from_tensor", content=safetensors, params=params, headers=headers
+        )
+        return await self._outcome(post)
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str | None = None,
+    ) -> dict[str, Any]:
+        """Join the trainer's torch.distributed world (the trainer is rank 0); returns once
+        joined, so the trainer must be joining meanwhile: {"success", "message"}."""
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        return await self._outcome(self._http.post("/init_weights_update_group", json=body))
+
+    async def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str = "weight_update_group",
+        *,
+        weight_version: str | None = None,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+    ) -> dict[str, Any]:
+        """Receive one broadcast per tensor from the trainer, which broadcasts them meanwhile,
+        in this order: {"success", "message"}."""
+        body = {
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "group_name": group_name,
+            "weight_version": weight_version,
+            "flush_cache": flush_cache,
+            "abort_all_requests": abort_all_requests,
+        }
+        return await self._outcome(self._http.post("/update_weights_from_distributed", json=body))
+
+    async def destroy_weights_update_group(
+        self, group_name: str = "weight_update_group"
+    ) -> dict[str, Any]:
+        body = {"group_name": group_name}
+        return await self._outcome(self._http.post("/destroy_weights_update_group", json=body))
+
+    async def _outcome(self, post: Awaitable[httpx.Response]) -> dict[str, Any]:
+        """SGLang's {"success", ...} answer: a failure is returned, not raised, as the server
+        answers it (400 with success false); any other error is raised."""
+        response = await post
         data = _json(response.content)
         if "success" not in data:
             raise APIStatusError(response.status_code, data)

@@ -8,6 +8,7 @@ probes, they require the API key when one is set.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import get_args
 
 from pydantic import BaseModel
@@ -18,14 +19,18 @@ from api.errors import APIError
 from api.schemas import (
     AbortRequest,
     ContinueGenerationRequest,
+    DestroyWeightsUpdateGroupRequest,
     GetWeightsByNameRequest,
+    InitWeightsUpdateGroupRequest,
     MemoryOccupationRequest,
     MemoryTag,
     PauseGenerationRequest,
     PauseMode,
     UpdateWeightsFromDiskRequest,
+    UpdateWeightsFromDistributedRequest,
 )
 from api.state import ServerState
+from api.uploads import body_in_file
 
 Handler = Callable[[], Awaitable[Response]]
 
@@ -106,6 +111,56 @@ def register(app: QuartTrio, state: ServerState) -> None:
         response.status_code = 200 if success else 400
         return response
 
+    @control("/update_weights_from_tensor")
+    async def update_weights_from_tensor() -> Response:
+        if request.mimetype == "application/json":
+            raise APIError(
+                400,
+                "the body must be a safetensors file (application/octet-stream); pickled "
+                "tensors in JSON are not accepted",
+                code="invalid_body",
+            )
+        flush_cache = query_flag("flush_cache", default=True)
+        async with body_in_file(".safetensors") as path:
+            success, message = await state.engine.update_weights_from_tensor(
+                Path(path),
+                weight_version=request.args.get("weight_version"),
+                flush_cache=flush_cache,
+            )
+        return answer(success, message)
+
+    @control("/init_weights_update_group")
+    async def init_weights_update_group() -> Response:
+        req = await state.parse(InitWeightsUpdateGroupRequest)
+        success, message = await state.engine.init_weights_update_group(
+            req.master_address,
+            req.master_port,
+            req.rank_offset,
+            req.world_size,
+            req.group_name,
+            req.backend,
+        )
+        return answer(success, message)
+
+    @control("/update_weights_from_distributed")
+    async def update_weights_from_distributed() -> Response:
+        req = await state.parse(UpdateWeightsFromDistributedRequest)
+        success, message = await state.engine.update_weights_from_distributed(
+            req.names,
+            req.dtypes,
+            req.shapes,
+            req.group_name,
+            flush_cache=req.flush_cache,
+            weight_version=req.weight_version,
+            abort_all_requests=req.abort_all_requests,
+        )
+        return answer(success, message)
+
+    @control("/destroy_weights_update_group")
+    async def destroy_weights_update_group() -> Response:
+        req = await state.parse(DestroyWeightsUpdateGroupRequest, optional=True)
+        return answer(*await state.engine.destroy_weights_update_group(req.group_name))
+
     @control("/get_weights_by_name")
     async def get_weights_by_name() -> Response:
         req = await state.parse(GetWeightsByNameRequest)
@@ -160,6 +215,23 @@ def register(app: QuartTrio, state: ServerState) -> None:
 
 
 MEMORY_TAGS: tuple[MemoryTag, ...] = get_args(MemoryTag)
+UPLOAD_PATHS = frozenset({"/update_weights_from_tensor"})  # bodies streamed to a file
+
+
+def answer(success: bool, message: str) -> Response:
+    """SGLang's {"success", "message"}: 200, or 400 when it failed."""
+    response = jsonify({"success": success, "message": message})
+    response.status_code = 200 if success else 400
+    return response
+
+
+def query_flag(name: str, *, default: bool) -> bool:
+    value = request.args.get(name)
+    if value is None:
+        return default
+    if value.lower() not in ("true", "false", "1", "0"):
+        raise APIError(400, f"{name} must be true or false", param=name, code="invalid_value")
+    return value.lower() in ("true", "1")
 
 
 async def steer(call: Awaitable[None]) -> None:
@@ -202,6 +274,18 @@ BODIES: dict[str, tuple[type[BaseModel], str]] = {
         UpdateWeightsFromDiskRequest,
         "Serve another checkpoint's weights (SGLang); 400 with success false if it does not fit",
     ),
+    "/init_weights_update_group": (
+        InitWeightsUpdateGroupRequest,
+        "Join the trainer's torch.distributed world; the trainer is rank 0 (SGLang)",
+    ),
+    "/update_weights_from_distributed": (
+        UpdateWeightsFromDistributedRequest,
+        "Receive one broadcast per named tensor from the trainer, then install them (SGLang)",
+    ),
+    "/destroy_weights_update_group": (
+        DestroyWeightsUpdateGroupRequest,
+        "Leave the trainer's world (SGLang)",
+    ),
 }
 POSTS = {
     "/pause": "Pause; ?mode=abort|wait|keep (vLLM)",
@@ -210,6 +294,10 @@ POSTS = {
     "/reset_prefix_cache": "Drop the prefix cache (vLLM)",
     "/sleep": "Free the KV cache and the weights (vLLM)",
     "/wake_up": "Bring them back; ?tags=weights&tags=kv_cache (vLLM)",
+    "/update_weights_from_tensor": (
+        "Install the tensors of a safetensors body (application/octet-stream), some or all of "
+        "the model's; ?weight_version=&flush_cache=true|false (SGLang's route, without pickle)"
+    ),
 }
 GETS = {
     "/is_paused": "Whether generation is paused (vLLM)",

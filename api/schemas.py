@@ -271,6 +271,9 @@ class AbortRequest(Strict):
     abort_all: bool = False
 
 
+MAX_UPDATE_TENSORS = 100_000  # tensors in one update: a 70B Llama has under 1,000
+
+
 class UpdateWeightsFromDiskRequest(Strict):
     """SGLang's `POST /update_weights_from_disk`."""
 
@@ -278,6 +281,45 @@ class UpdateWeightsFromDiskRequest(Strict):
     weight_version: str | None = None
     flush_cache: bool = True
     abort_all_requests: bool = False
+
+
+class InitWeightsUpdateGroupRequest(Strict):
+    """SGLang's `POST /init_weights_update_group`: join the trainer's torch.distributed world
+    (the trainer is rank 0). `backend` defaults to nccl on CUDA and gloo on CPU."""
+
+    master_address: Annotated[str, Field(min_length=1, max_length=255)]
+    master_port: Annotated[int, Field(ge=1, le=65535)]
+    rank_offset: Annotated[int, Field(ge=1)]
+    world_size: Annotated[int, Field(ge=2, le=65536)]
+    group_name: Annotated[str, Field(min_length=1, max_length=255)] = "weight_update_group"
+    backend: Literal["gloo", "nccl"] | None = None
+
+
+class UpdateWeightsFromDistributedRequest(Strict):
+    """SGLang's `POST /update_weights_from_distributed`: one broadcast per tensor, in order."""
+
+    names: Annotated[list[str], Field(min_length=1, max_length=MAX_UPDATE_TENSORS)]
+    dtypes: Annotated[list[str], Field(min_length=1, max_length=MAX_UPDATE_TENSORS)]
+    shapes: Annotated[
+        list[Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=8)]],
+        Field(min_length=1, max_length=MAX_UPDATE_TENSORS),
+    ]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+    @model_validator(mode="after")
+    def _same_lengths(self) -> UpdateWeightsFromDistributedRequest:
+        if not len(self.names) == len(self.dtypes) == len(self.shapes):
+            raise ValueError("names, dtypes and shapes must have the same length")
+        return self
+
+
+class DestroyWeightsUpdateGroupRequest(Strict):
+    """SGLang's `POST /destroy_weights_update_group`."""
+
+    group_name: str = "weight_update_group"
 
 
 class GetWeightsByNameRequest(Strict):

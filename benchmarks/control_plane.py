@@ -7,6 +7,8 @@ Against `runtime serve --enable-control-api`:
   request ended, its KV free), then `continue_generation`;
 - `update_weights_from_disk` of the built-in model, and of a ~100M-parameter Llama checkpoint
   written here with random weights (its own server);
+- `update_weights_from_distributed` of the same weights from a plain-torch trainer process
+  (`tools/plain_trainer.py`) over loopback gloo, and the bandwidth that makes;
 - `release_memory_occupation` / `resume_memory_occupation`: their time, and the worker's RSS
   before, released and resumed.
 Prints what the server runs (read back from /get_model_info and /metrics), never its flags.
@@ -17,6 +19,8 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,8 +28,12 @@ from pathlib import Path
 import httpx
 import trio
 
-from benchmarks.servers import ours, process_name, process_tree
+from benchmarks.servers import free_port, ours, process_name, process_tree
 from runtime.builtin_model import builtin_model_dir
+from runtime.worker.loader import safetensors_files
+
+# safetensors' dtype names -> torch's, as update_weights_from_distributed announces them
+DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 
 
 def worker_rss_mb(server_pid: int) -> float:
@@ -101,6 +109,33 @@ def write_big_checkpoint(out: Path, layers: int) -> tuple[Path, int]:
     return out, sum(p.numel() for p in model.parameters())
 
 
+def distributed_update(url: str, model: str) -> tuple[float, int]:
+    """Seconds `update_weights_from_distributed` took to receive and install every tensor of
+    the checkpoint from a plain-torch trainer over loopback gloo; the bytes it received."""
+    from safetensors import safe_open
+
+    checkpoint = str(safetensors_files(Path(model))[0])  # ours are one file each
+    with safe_open(checkpoint, framework="pt") as f:
+        tensors = {name: f.get_slice(name) for name in f.keys()}  # noqa: SIM118
+        names = list(tensors)
+        dtypes = [DTYPE_NAMES[t.get_dtype()] for t in tensors.values()]
+        shapes = [list(t.get_shape()) for t in tensors.values()]
+    size = Path(checkpoint).stat().st_size
+    port = free_port()
+    trainer = subprocess.Popen([sys.executable, "-m", "tools.plain_trainer", str(port), checkpoint])
+    try:
+        group = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,
+                 "world_size": 2}  # fmt: skip
+        timed_post(url, "/init_weights_update_group", json=group)
+        specs = {"names": names, "dtypes": dtypes, "shapes": shapes}
+        elapsed = timed_post(url, "/update_weights_from_distributed", json=specs)
+        timed_post(url, "/destroy_weights_update_group", json={})
+        trainer.wait(timeout=60)
+    finally:
+        trainer.kill()
+    return elapsed, size
+
+
 def figures_for(model: str, label: str, running: int | None) -> None:
     with ours(model, "float32", "m", ["--enable-control-api", "--kv-cache-memory", "256MiB"]) as s:
         info = httpx.get(s.url + "/get_model_info").json()
@@ -110,6 +145,11 @@ def figures_for(model: str, label: str, running: int | None) -> None:
             print(f"  pause(abort) with {seen} running streams: {elapsed * 1000:.0f} ms")
         update = timed_post(s.url, "/update_weights_from_disk", json={"model_path": model})
         print(f"  update_weights_from_disk: {update:.2f} s")
+        seconds, size = distributed_update(s.url, model)
+        print(
+            f"  update_weights_from_distributed (gloo, loopback): {seconds:.2f} s for "
+            f"{size / 2**20:.0f} MiB, {size / 2**20 / seconds:.0f} MiB/s"
+        )
         pid = s.process.pid
         before = worker_rss_mb(pid)
         release = timed_post(s.url, "/release_memory_occupation")

@@ -7,12 +7,17 @@ could stand in.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, TypeAlias
 
 from runtime.sampling_params import SamplingParams
 from runtime.wire.messages import SchedulerStats, WorkerStats
+
+# Tensors by name, as a trainer holds them (torch tensors; typed loosely so that `api/` need
+# not import torch).
+NamedTensors: TypeAlias = Mapping[str, Any] | Sequence[tuple[str, Any]]
 
 __all__ = [
     "EngineClient",
@@ -20,6 +25,7 @@ __all__ = [
     "EngineStats",
     "FrontendStats",
     "ModelCard",
+    "NamedTensors",
     "RequestOutput",
     "RequestTimeoutError",
     "SamplingParams",
@@ -169,6 +175,42 @@ class EngineClient(Protocol):
         """Serve another checkpoint's weights: (success, message, requests open meanwhile).
         Options: `weight_version`, `flush_cache` (default True), `abort_all_requests`."""
         ...
+
+    async def update_weights_from_tensor(
+        self, tensors: NamedTensors | Path, **options: Any
+    ) -> tuple[bool, str]:
+        """Install named tensors over the served weights (some or all; checkpoint names):
+        a mapping or pairs of name and torch tensor, or the path of a safetensors file. As
+        `update_weights_from_disk`; options `weight_version`, `flush_cache`."""
+        ...
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str | None = None,
+    ) -> tuple[bool, str]:
+        """Join a trainer's torch.distributed world (the trainer is rank 0) as `rank_offset`;
+        `backend` "gloo" or "nccl" (default: nccl on CUDA, gloo on CPU)."""
+        ...
+
+    async def update_weights_from_distributed(
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        group_name: str,
+        **options: Any,
+    ) -> tuple[bool, str]:
+        """Receive one broadcast per named tensor from the trainer, then install them all as
+        `update_weights_from_disk` does; options `weight_version`, `flush_cache`,
+        `abort_all_requests`."""
+        ...
+
+    async def destroy_weights_update_group(self, group_name: str) -> tuple[bool, str]: ...
 
     @property
     def is_sleeping(self) -> bool: ...

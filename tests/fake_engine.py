@@ -6,6 +6,7 @@ import dataclasses
 import math
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import trio
 
@@ -14,6 +15,7 @@ from runtime.engine_client import (
     EngineStats,
     FrontendStats,
     ModelCard,
+    NamedTensors,
     RequestOutput,
     RequestTimeoutError,
     SamplingParams,
@@ -135,6 +137,34 @@ class FakeEngine(EngineClient):
         if "bad" in model_path:
             return False, f"Failed to update weights: no checkpoint at {model_path}", 0
         return True, "Succeeded to update model weights.", len(self.open)
+
+    async def update_weights_from_tensor(
+        self, tensors: NamedTensors | Path, **options: object
+    ) -> tuple[bool, str]:
+        await trio.lowlevel.checkpoint()
+        assert isinstance(tensors, Path)  # the route streams the body to a file
+        body = await trio.Path(tensors).read_bytes()
+        self.updates.append((f"tensor:{body.decode(errors='replace')}", options))
+        if body == b"bad":
+            return False, "Failed to update weights: not a readable safetensors file"
+        return True, "Succeeded to update model weights."
+
+    async def init_weights_update_group(self, *args: object, **kwargs: object) -> tuple[bool, str]:
+        await trio.lowlevel.checkpoint()
+        self.updates.append(("init", {"args": args}))
+        return True, "Succeeded to init the weight update group."
+
+    async def update_weights_from_distributed(
+        self, *args: object, **options: object
+    ) -> tuple[bool, str]:
+        await trio.lowlevel.checkpoint()
+        self.updates.append(("distributed", {"args": args, **options}))
+        return True, "Succeeded to update model weights."
+
+    async def destroy_weights_update_group(self, group_name: str) -> tuple[bool, str]:
+        await trio.lowlevel.checkpoint()
+        self.updates.append(("destroy", {"group_name": group_name}))
+        return False, f"no weight update group named {group_name!r}"
 
     async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[float]:
         await trio.lowlevel.checkpoint()

@@ -20,6 +20,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -32,6 +33,7 @@ from runtime.engine_client import (
     EngineStats,
     FrontendStats,
     ModelCard,
+    NamedTensors,
     RequestOutput,
     RequestTimeoutError,
 )
@@ -231,6 +233,20 @@ class Engine(EngineClient):
         self, model_path: str, **options: Any
     ) -> tuple[bool, str, int]:
         return await self.steering.update_weights_from_disk(model_path, **options)
+
+    async def update_weights_from_tensor(
+        self, tensors: NamedTensors | Path, **options: Any
+    ) -> tuple[bool, str]:
+        return await self.steering.update_weights_from_tensor(tensors, **options)
+
+    async def init_weights_update_group(self, *args: Any, **kwargs: Any) -> tuple[bool, str]:
+        return await self.steering.init_weights_update_group(*args, **kwargs)
+
+    async def update_weights_from_distributed(self, *args: Any, **kwargs: Any) -> tuple[bool, str]:
+        return await self.steering.update_weights_from_distributed(*args, **kwargs)
+
+    async def destroy_weights_update_group(self, group_name: str) -> tuple[bool, str]:
+        return await self.steering.destroy_weights_update_group(group_name)
 
     async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[float]:
         return await self.steering.get_weights_by_name(name, truncate_size)

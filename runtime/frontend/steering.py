@@ -1,4 +1,4 @@
-"""Steering a live engine: pause and resume, cache flush, weight updates.
+"""Steering a live engine: pause and resume, cache flush, weight updates, memory release.
 
 What a reinforcement-learning loop does between rollouts (generate, pause, load the trainer's
 weights, flush stale KV, resume), built on the engine's control messages, which the actors
@@ -7,20 +7,28 @@ answer in order with everything else the engine sent.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Protocol
 
 import trio
 
-from runtime.engine_client import EngineStats
+from runtime.engine_client import EngineStats, NamedTensors
 from runtime.wire.messages import (
     FlushCache,
     GetWeights,
+    JoinWeightGroup,
+    LeaveWeightGroup,
     Pause,
     ReleaseMemory,
     Resume,
     ResumeMemory,
     UpdateWeights,
+    UpdateWeightsFromFile,
+    UpdateWeightsFromGroup,
     WeightValues,
 )
 
@@ -54,6 +62,7 @@ class Steering:
         self._lock = trio.Lock()
         self.model_path = model_path
         self.weight_version = "default"  # as SGLang names the weights a server started with
+        self._checkpoint_version = self.weight_version  # that of the weights at model_path
         self._released: set[str] = set()  # memory given back (release_memory_occupation)
         self._paused_to_sleep = False  # the release paused generation: the resume unpauses
 
@@ -110,11 +119,125 @@ class Steering:
         abort_all_requests: bool = False,
     ) -> tuple[bool, str, int]:
         """Serve the weights of another checkpoint of the same model: (success, message,
-        requests that were open when the update began).
+        requests that were open when the update began). See `_update` for the steps."""
+        success, message, num_open = await self._update(
+            lambda nonce: UpdateWeights(nonce, model_path),
+            weight_version=weight_version,
+            flush_cache=flush_cache,
+            abort_all_requests=abort_all_requests,
+        )
+        if success:
+            self.model_path = model_path
+            self._checkpoint_version = self.weight_version
+        return success, message, num_open
+
+    async def update_weights_from_tensor(
+        self,
+        tensors: NamedTensors | Path,
+        *,
+        weight_version: str | None = None,
+        flush_cache: bool = True,
+    ) -> tuple[bool, str]:
+        """Install named tensors (some or all of the model's, by checkpoint name): torch
+        tensors, or a safetensors file's path. They reach the worker as a safetensors file,
+        never pickled."""
+        if isinstance(tensors, Path):
+            return await self.update_weights_from_file(
+                str(tensors), weight_version=weight_version, flush_cache=flush_cache
+            )
+        with _temporary_file(".safetensors") as path:
+            try:
+                await trio.to_thread.run_sync(_save_safetensors, tensors, path)
+            except (TypeError, ValueError, AttributeError) as exc:  # not tensors by name
+                return False, f"Failed to update weights: {type(exc).__name__}: {exc}"
+            return await self.update_weights_from_file(
+                path, weight_version=weight_version, flush_cache=flush_cache
+            )
+
+    async def update_weights_from_file(
+        self, path: str, *, weight_version: str | None = None, flush_cache: bool = True
+    ) -> tuple[bool, str]:
+        """Install the tensors of a safetensors file (some or all of the model's, by
+        checkpoint name): update_weights_from_tensor's worker side."""
+        success, message, _ = await self._update(
+            lambda nonce: UpdateWeightsFromFile(nonce, path),
+            weight_version=weight_version,
+            flush_cache=flush_cache,
+        )
+        return success, message
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str | None = None,
+    ) -> tuple[bool, str]:
+        """Join a trainer's torch.distributed world (the trainer is rank 0) as `rank_offset`;
+        returns once joined. Generation, and other steering calls, go on meanwhile: a
+        trainer that never comes holds nothing up (the join fails after GROUP_TIMEOUT)."""
+        join = lambda nonce: JoinWeightGroup(  # noqa: E731
+            nonce, group_name, master_address, master_port, rank_offset, world_size, backend or ""
+        )
+        try:
+            await self._engine.control(join)
+        except ValueError as exc:
+            return False, f"Failed to init the weight update group: {exc}"
+        return True, "Succeeded to init the weight update group."
+
+    async def update_weights_from_distributed(
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        group_name: str,
+        *,
+        flush_cache: bool = True,
+        weight_version: str | None = None,
+        abort_all_requests: bool = False,
+    ) -> tuple[bool, str]:
+        """Receive one broadcast per named tensor from rank 0 of the group, in order, then
+        install them all at once (see `_update`). On a failure the group is left, and must
+        be initialized again: the trainer's broadcasts and ours are out of step."""
+        message = UpdateWeightsFromGroup
+        success, answer, _ = await self._update(
+            lambda nonce: message(
+                nonce,
+                group_name,
+                tuple(names),
+                tuple(dtypes),
+                tuple([tuple(shape) for shape in shapes]),
+            ),
+            weight_version=weight_version,
+            flush_cache=flush_cache,
+            abort_all_requests=abort_all_requests,
+        )
+        return success, answer
+
+    async def destroy_weights_update_group(self, group_name: str) -> tuple[bool, str]:
+        async with self._lock:
+            try:
+                await self._engine.control(lambda nonce: LeaveWeightGroup(nonce, group_name))
+            except ValueError as exc:
+                return False, f"Failed to destroy the weight update group: {exc}"
+        return True, "Succeeded to destroy the weight update group."
+
+    async def _update(
+        self,
+        make: Callable[[int], object],
+        *,
+        weight_version: str | None,
+        flush_cache: bool,
+        abort_all_requests: bool = False,
+    ) -> tuple[bool, str, int]:
+        """Change the weights the worker serves: (success, message, requests that were open
+        when the update began).
 
         Not paused: new requests wait while open ones finish (or are aborted, with
         `abort_all_requests`), the weights change, then everything resumes. Paused: at once.
-        The worker checks every tensor before the swap; on any failure the old weights serve
+        The worker checks every tensor before any changes; on a failure the old weights serve
         on. The prefix cache is flushed unless told not to (its KV is the old weights').
         Steering calls run one after another, and a caller that leaves does not stop an
         update midway.
@@ -128,8 +251,7 @@ class Steering:
                 if pausing:
                     await self._pause("abort" if abort_all_requests else "wait")
                 try:
-                    await self._engine.control(lambda nonce: UpdateWeights(nonce, model_path))
-                    self.model_path = model_path
+                    await self._engine.control(make)
                     self.weight_version = weight_version or self.weight_version
                     if flush_cache:  # before anyone resumes: held requests must not match it
                         await self._engine.control(lambda nonce: FlushCache(nonce, True))
@@ -185,9 +307,29 @@ class Steering:
             if wanted:
                 await self._engine.control(lambda nonce: ResumeMemory(nonce, wanted))
                 self._released.difference_update(wanted)
+                if "weights" in wanted:  # reloaded from model_path: tensor updates are gone
+                    self.weight_version = self._checkpoint_version
             if not self._released and self._paused_to_sleep:
                 self._paused_to_sleep = False
                 await self._resume()
+
+
+@contextmanager
+def _temporary_file(suffix: str) -> Iterator[str]:
+    """A fresh file only we may read (mode 0600), removed afterwards."""
+    fd, path = tempfile.mkstemp(prefix="rt-weights-", suffix=suffix)
+    os.close(fd)
+    try:
+        yield path
+    finally:
+        os.unlink(path)
+
+
+def _save_safetensors(tensors: NamedTensors, path: str) -> None:
+    from safetensors.torch import save_file  # the frontend needs torch only for this
+
+    pairs = tensors.items() if isinstance(tensors, Mapping) else tensors
+    save_file({name: tensor.detach().cpu().contiguous() for name, tensor in pairs}, path)
 
 
 def _memory_tags(tags: list[str] | None) -> tuple[str, ...]:

@@ -27,6 +27,8 @@ from runtime.wire.messages import (
     EngineReady,
     FlushCache,
     GetWeights,
+    JoinWeightGroup,
+    LeaveWeightGroup,
     NewSeq,
     Pause,
     Ping,
@@ -42,6 +44,8 @@ from runtime.wire.messages import (
     StepResult,
     Submit,
     UpdateWeights,
+    UpdateWeightsFromFile,
+    UpdateWeightsFromGroup,
     WeightValues,
     WorkerReady,
     WorkerStats,
@@ -214,7 +218,15 @@ class SchedulerActor:
                 case Resume(nonce=nonce):
                     self.pipeline.scheduler.resume()
                     await frontend.send(ControlDone(nonce, ""))
-                case UpdateWeights() | GetWeights() | ResumeMemory():
+                case (
+                    UpdateWeights()
+                    | UpdateWeightsFromFile()
+                    | UpdateWeightsFromGroup()
+                    | JoinWeightGroup()
+                    | LeaveWeightGroup()
+                    | GetWeights()
+                    | ResumeMemory()
+                ):
                     await worker.send(msg)  # after the steps already sent: in order
                 case ReleaseMemory(nonce=nonce, tags=tags):
                     refusal = self._release_refusal(tags)

@@ -285,6 +285,50 @@ class ResumeMemory:
     tags: tuple[str, ...]
 
 
+@message(39)
+class JoinWeightGroup:
+    """Frontend → scheduler → worker: join a trainer's torch.distributed world (the trainer
+    is rank 0) as `rank_offset`; answered by `ControlDone` once joined. Steps go on
+    meanwhile."""
+
+    nonce: int
+    group_name: str
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    backend: str
+
+
+@message(40)
+class UpdateWeightsFromGroup:
+    """Frontend → scheduler → worker: receive one broadcast from rank 0 of the group per named
+    tensor, in order, check them all against the running model, then install them."""
+
+    nonce: int
+    group_name: str
+    names: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+
+@message(41)
+class LeaveWeightGroup:
+    """Frontend → scheduler → worker: leave a group joined by `JoinWeightGroup`."""
+
+    nonce: int
+    group_name: str
+
+
+@message(42)
+class UpdateWeightsFromFile:
+    """Frontend → scheduler → worker: install the tensors of a safetensors file (some or all
+    of the model's, by name), checked first as `UpdateWeightsFromGroup`'s are."""
+
+    nonce: int
+    path: str
+
+
 @message(32)
 class ControlDone:
     """The answer to a control message: `error` is empty if it succeeded."""

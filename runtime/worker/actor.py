@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 
 import trio
 
@@ -12,6 +13,8 @@ from runtime.wire.codec import WireError
 from runtime.wire.messages import (
     ControlDone,
     GetWeights,
+    JoinWeightGroup,
+    LeaveWeightGroup,
     Ping,
     Pong,
     ReleaseMemory,
@@ -19,12 +22,16 @@ from runtime.wire.messages import (
     StepPlan,
     StepResult,
     UpdateWeights,
+    UpdateWeightsFromFile,
+    UpdateWeightsFromGroup,
     WeightValues,
     WorkerReady,
     WorkerStats,
 )
 from runtime.wire.transport import Channel, MessageChannel
+from runtime.worker import weight_group
 from runtime.worker.model_runner import ModelRunner, StepOutcome
+from runtime.worker.weight_group import WeightGroup
 
 
 class WorkerActor:
@@ -36,6 +43,7 @@ class WorkerActor:
         self.inline = config.mode == "process"
         self._torch_thread = trio.CapacityLimiter(1)
         self._stats = WorkerStats()
+        self._groups: dict[str, WeightGroup | None] = {}  # None: joining
 
     def statistics(self) -> WorkerStats:
         """Counters since the worker started, as of the end of its latest step."""
@@ -71,6 +79,17 @@ class WorkerActor:
         )
         await scheduler.send(ready)
         task_status.started()
+        async with trio.open_nursery() as nursery:  # group joins, which wait on the trainer
+            try:
+                await self._serve_steps(runner, scheduler, nursery)
+            finally:
+                for group in self._groups.values():
+                    if group is not None:
+                        weight_group.leave(group)
+
+    async def _serve_steps(
+        self, runner: ModelRunner, scheduler: MessageChannel, nursery: trio.Nursery
+    ) -> None:
         finished = time.perf_counter()
         while True:
             msg = await scheduler.recv()
@@ -106,17 +125,99 @@ class WorkerActor:
                     )
                     await scheduler.send(ControlDone(nonce, error))
                 case UpdateWeights(nonce=nonce, model_path=path):
-                    error = await self._update_weights(runner, path)
+                    error = await self._in_torch_thread(runner.update_weights, path)
+                    await scheduler.send(ControlDone(nonce, error))
+                case UpdateWeightsFromFile(nonce=nonce, path=path):
+                    error = await self._in_torch_thread(runner.install_file, path)
+                    await scheduler.send(ControlDone(nonce, error))
+                case JoinWeightGroup():
+                    error = self._check_new_group(msg.group_name)
+                    if error:
+                        await scheduler.send(ControlDone(msg.nonce, error))
+                    else:
+                        self._groups[msg.group_name] = None
+                        nursery.start_soon(self._join_group, runner, scheduler, msg)
+                case UpdateWeightsFromGroup(nonce=nonce):
+                    error = await self._update_from_group(runner, msg)
+                    await scheduler.send(ControlDone(nonce, error))
+                case LeaveWeightGroup(nonce=nonce, group_name=name):
+                    error = self._leave_group(name)
                     await scheduler.send(ControlDone(nonce, error))
                 case _:
                     raise WireError(f"worker got an unexpected {type(msg).__name__}")
 
-    async def _update_weights(self, runner: ModelRunner, path: str) -> str:
-        error = await trio.to_thread.run_sync(
-            runner.update_weights, path, limiter=self._torch_thread
-        )
+    async def _in_torch_thread(self, update: Callable[[str], str], path: str) -> str:
+        error = await trio.to_thread.run_sync(update, path, limiter=self._torch_thread)
         await self._collect_garbage()
         return error
+
+    # -- weights from a trainer's torch.distributed world (runtime.worker.weight_group) ----
+
+    def _check_new_group(self, name: str) -> str:
+        if name in self._groups:
+            return f"a weight update group named {name!r} exists already"
+        return ""
+
+    async def _join_group(
+        self, runner: ModelRunner, scheduler: MessageChannel, msg: JoinWeightGroup
+    ) -> None:
+        """Join in a thread of its own: steps go on while the trainer comes."""
+        try:
+            group = await trio.to_thread.run_sync(
+                weight_group.join,
+                msg.master_address,
+                msg.master_port,
+                msg.rank_offset,
+                msg.world_size,
+                msg.backend,
+                runner.device,
+                abandon_on_cancel=True,  # a trainer that never comes must not stall shutdown
+            )
+        except weight_group.WeightGroupError as exc:
+            del self._groups[msg.group_name]
+            await scheduler.send(ControlDone(msg.nonce, str(exc)))
+            return
+        self._groups[msg.group_name] = group
+        await scheduler.send(ControlDone(msg.nonce, ""))
+
+    async def _update_from_group(self, runner: ModelRunner, msg: UpdateWeightsFromGroup) -> str:
+        group = self._groups.get(msg.group_name)
+        if group is None:
+            return f"no weight update group named {msg.group_name!r} (init it first)"
+        try:
+            specs = weight_group.parse_specs(msg.names, msg.dtypes, msg.shapes)
+        except weight_group.WeightGroupError as exc:
+            return self._drop_group(msg.group_name, str(exc))
+        error = runner.check_tensors(specs)
+        if error:  # nothing received: the trainer's broadcasts have no receiver
+            return self._drop_group(msg.group_name, error)
+        try:
+            tensors = await trio.to_thread.run_sync(
+                weight_group.receive,
+                group,
+                specs,
+                limiter=self._torch_thread,
+                abandon_on_cancel=True,  # as for joining
+            )
+        except weight_group.WeightGroupError as exc:
+            return self._drop_group(msg.group_name, str(exc))
+        error = await trio.to_thread.run_sync(
+            runner.install_tensors, tensors, limiter=self._torch_thread
+        )
+        return error
+
+    def _drop_group(self, name: str, error: str) -> str:
+        """A failed update leaves the group out of step with the trainer: leave it."""
+        self._leave_group(name)
+        return f"{error} (the weight update group {name!r} was left: init it again)"
+
+    def _leave_group(self, name: str) -> str:
+        group = self._groups.get(name)
+        if group is None:  # unknown, or still joining
+            return f"no weight update group named {name!r}"
+        del self._groups[name]
+        weight_group.leave(group)
+        return ""
 
     async def _collect_garbage(self) -> None:
         """Objects frozen at startup (the model's) may be gone now: let the GC see them."""

@@ -9,7 +9,8 @@ naming the tensor, so a wrong or truncated checkpoint never serves garbage.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import pairwise
 from pathlib import Path
 
 import torch
@@ -89,6 +90,55 @@ def load_weights(model: nn.Module, model_dir: str | Path, progress: bool = False
     if missing:
         names = sorted(_source_name(t, s, packed) for t, s in missing)
         raise CheckpointError(f"checkpoint lacks {len(names)} tensors, e.g. {names[:5]}")
+
+
+def install_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """Copy named tensors (checkpoint names, or ours) over the model's weights: a partial
+    update, as a trainer pushes them. Every tensor is checked (a known name, once, its exact
+    shape, a floating dtype) before any is copied, so on a `CheckpointError` nothing changed.
+    Returns how many were installed."""
+    plan: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+    for name, tensor in tensors:
+        dest = check_tensor(model, name, tensor.shape, tensor.dtype)
+        if dest is not None:
+            plan.append((name, dest, tensor))
+    _check_disjoint([(name, dest) for name, dest, _ in plan])
+    with torch.no_grad():
+        for _, dest, tensor in plan:
+            dest.copy_(tensor)
+    return len(plan)
+
+
+def check_tensor(
+    model: nn.Module, name: str, shape: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor | None:
+    """The model's tensor that `name` updates, if a tensor of `shape` and `dtype` fits it (None
+    for what checkpoints carry and we ignore: a tied LM head, rotary buffers); else a
+    `CheckpointError` naming what does not fit."""
+    tied = getattr(getattr(model, "args", None), "tie_word_embeddings", False)
+    if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+        return None
+    try:
+        dest = find_parameter(model, name)
+    except KeyError:
+        raise CheckpointError(f"tensor {name!r} has no place in the model") from None
+    if not dtype.is_floating_point:
+        raise CheckpointError(f"{name}: dtype {dtype} is not a floating point type")
+    if tuple(dest.shape) != tuple(shape):
+        raise CheckpointError(f"{name}: shape {tuple(shape)} != model shape {tuple(dest.shape)}")
+    return dest
+
+
+def _check_disjoint(targets: list[tuple[str, torch.Tensor]]) -> None:
+    """No two names may write the same memory (a tensor twice, or a fused parameter and one
+    of its slices): which one won would depend on the order."""
+    spans = sorted(
+        (dest.data_ptr(), dest.data_ptr() + dest.numel() * dest.element_size(), name)
+        for name, dest in targets
+    )
+    for (_, end, first), (start, _, second) in pairwise(spans):
+        if start < end:
+            raise CheckpointError(f"tensors {first!r} and {second!r} update the same weights")
 
 
 def find_parameter(model: nn.Module, name: str) -> torch.Tensor:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
+from safetensors import safe_open
 
 from runtime.config import EngineConfig
 from runtime.layers.attention import AttentionMetadata, PrefillSlice, causal_mask, gather_rows
@@ -19,7 +21,13 @@ from runtime.model_info import load_model_info, resolve_max_model_len
 from runtime.models import MODELS
 from runtime.models.llama import ModelArgs
 from runtime.wire.messages import StepPlan
-from runtime.worker.loader import find_parameter, load_weights
+from runtime.worker.loader import (
+    CheckpointError,
+    check_tensor,
+    find_parameter,
+    install_tensors,
+    load_weights,
+)
 from runtime.worker.sampler import SamplingBatch, make_sampling_batch, sample
 from runtime.worker.seq_table import SeqTable, WorkerSeq
 
@@ -122,6 +130,39 @@ class ModelRunner:
         except Exception as exc:  # a bad path must never stop the worker
             return f"{type(exc).__name__}: {exc}"
         self.model, self.model_path = model, model_dir
+        return ""
+
+    def install_tensors(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+        """Copy named tensors over the served weights (some or all of them, as a trainer
+        pushes them). Returns "" or what is wrong, and then nothing changed."""
+        if self.model is None:
+            return "the weights are released: resume_memory_occupation first"
+        try:
+            install_tensors(self.model, tensors)
+        except CheckpointError as exc:
+            return str(exc)
+        if self.device.type == "cpu":
+            pack_linears_for_cpu(self.model)  # the packed copies are of the old weights
+        return ""
+
+    def install_file(self, path: str) -> str:
+        """`install_tensors` from a safetensors file."""
+        try:
+            with safe_open(path, framework="pt", device=str(self.device)) as f:
+                tensors = [(name, f.get_tensor(name)) for name in f.keys()]  # noqa: SIM118
+        except Exception as exc:  # not a safetensors file: the worker carries on
+            return f"not a readable safetensors file: {type(exc).__name__}: {exc}"
+        return self.install_tensors(tensors)
+
+    def check_tensors(self, specs: Sequence[tuple[str, torch.dtype, tuple[int, ...]]]) -> str:
+        """ "" if tensors of these names, dtypes and shapes would install; else what is wrong."""
+        if self.model is None:
+            return "the weights are released: resume_memory_occupation first"
+        try:
+            for name, dtype, shape in specs:
+                check_tensor(self.model, name, shape, dtype)
+        except CheckpointError as exc:
+            return str(exc)
         return ""
 
     def weight_values(self, name: str, count: int) -> tuple[str, tuple[float, ...]]:

@@ -1,0 +1,129 @@
+"""Weights from a trainer process over torch.distributed, without files.
+
+SGLang's `init_weights_update_group`, `update_weights_from_distributed` and
+`destroy_weights_update_group`. The trainer is rank 0 of a world it starts with plain torch,
+and broadcasts each tensor in turn:
+
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"tcp://{address}:{port}", world_size=2, rank=0)
+    for tensor in tensors:
+        torch.distributed.broadcast(tensor, src=0)
+
+The worker joins that world as rank `rank_offset` without making it its own default group
+(tensor parallelism will need that one), so it builds the group the way `init_process_group`
+builds a default one: torch's TCP store, under the key prefixes "default_pg", then the
+group's name ("0"), then the device. These are torch internals: `tests/test_weight_group.py`
+holds them to the torch we pin, with a real trainer process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+from torch import distributed as dist
+
+# How long joining, and each broadcast, may take before the call fails (the trainer is late,
+# gone, or broadcasting something else).
+GROUP_TIMEOUT = timedelta(seconds=300)
+BACKENDS = ("gloo", "nccl")
+
+# The dtypes a trainer may name, as SGLang's clients spell them ("bfloat16", "torch.float32").
+DTYPES = {
+    name: dtype
+    for name, dtype in vars(torch).items()
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point
+}
+
+
+class WeightGroupError(ValueError):
+    """A group cannot be joined or used: the message says why."""
+
+
+@dataclass(slots=True)
+class WeightGroup:
+    backend: dist.ProcessGroup | object  # a c10d backend (ProcessGroupGloo, ProcessGroupNCCL)
+    rank: int
+    world_size: int
+    device: torch.device
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    dtype = DTYPES.get(name.removeprefix("torch."))
+    if dtype is None:
+        raise WeightGroupError(f"dtype {name!r} is not a floating point torch dtype")
+    return dtype
+
+
+def parse_specs(
+    names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
+) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """What update_weights_from_distributed announces, one (name, dtype, shape) per tensor."""
+    if not len(names) == len(dtypes) == len(shapes):
+        raise WeightGroupError(
+            f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}"
+        )
+    return [
+        (name, parse_dtype(dtype), tuple(shape))
+        for name, dtype, shape in zip(names, dtypes, shapes, strict=True)
+    ]
+
+
+def join(
+    address: str, port: int, rank: int, world_size: int, backend: str, device: torch.device
+) -> WeightGroup:
+    """Join the trainer's world as `rank`; blocks until every rank has (or GROUP_TIMEOUT).
+    `backend` "" is nccl on CUDA, gloo elsewhere."""
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    if backend not in BACKENDS:
+        raise WeightGroupError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    if backend == "nccl" and device.type != "cuda":
+        raise WeightGroupError("backend nccl needs --device cuda; use gloo on CPU")
+    if not 0 < rank < world_size:
+        raise WeightGroupError(
+            f"rank_offset must be in [1, world_size): the trainer is rank 0; got rank "
+            f"{rank} of {world_size}"
+        )
+    try:
+        store: dist.Store = dist.TCPStore(address, port, world_size, False, timeout=GROUP_TIMEOUT)
+        store = dist.PrefixStore("default_pg", store)  # as init_process_group names its world
+        store = dist.PrefixStore("0/", store)  # the default group's name
+        if backend == "gloo":
+            store = dist.PrefixStore("cpu/", store)
+            group: object = dist.ProcessGroupGloo(store, rank, world_size, GROUP_TIMEOUT)
+        else:
+            store = dist.PrefixStore("cuda/", store)
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = GROUP_TIMEOUT
+            group = dist.ProcessGroupNCCL(store, rank, world_size, options)
+    except (RuntimeError, ValueError) as exc:  # refused, timed out, unresolvable address
+        raise WeightGroupError(f"could not join {address}:{port} as rank {rank}: {exc}") from None
+    return WeightGroup(group, rank, world_size, device)
+
+
+def receive(
+    group: WeightGroup, specs: list[tuple[str, torch.dtype, tuple[int, ...]]]
+) -> list[tuple[str, torch.Tensor]]:
+    """One broadcast from rank 0 per named tensor, in order, each into a fresh tensor."""
+    received = []
+    for name, dtype, shape in specs:
+        tensor = torch.empty(shape, dtype=dtype, device=group.device)
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        options.rootTensor = 0
+        try:
+            group.backend.broadcast([tensor], options).wait()  # type: ignore[attr-defined]
+        except RuntimeError as exc:  # the trainer left, or timed out
+            raise WeightGroupError(f"receiving {name!r} failed: {exc}") from None
+        received.append((name, tensor))
+    return received
+
+
+def leave(group: WeightGroup) -> None:
+    shutdown = getattr(group.backend, "shutdown", None)
+    if shutdown is not None:
+        with suppress(RuntimeError):  # already broken: nothing left to close
+            shutdown()

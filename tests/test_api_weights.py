@@ -1,0 +1,123 @@
+"""The routes that take weights from a trainer (a safetensors body, a torch.distributed group)
+against the fake engine; tests/test_weights_from_trainer.py runs them on the real one."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from quart.typing import TestClientProtocol as QuartClient
+
+from api.app import create_app
+from api.state import ServerSettings
+from tests.api_helpers import MODEL
+from tests.fake_engine import FakeEngine
+
+OCTETS = {"Content-Type": "application/octet-stream"}
+
+
+@pytest.fixture
+async def control(engine: FakeEngine) -> AsyncIterator[QuartClient]:
+    settings = ServerSettings(served_model_name=MODEL, enable_control_api=True)
+    async with create_app(engine, settings).test_app() as test_app:
+        yield test_app.test_client()
+
+
+async def test_a_safetensors_body_reaches_the_engine_as_a_file(
+    control: QuartClient, engine: FakeEngine
+) -> None:
+    query = {"weight_version": "v7", "flush_cache": "false"}
+    response = await control.post(
+        "/update_weights_from_tensor", data=b"st", headers=OCTETS, query_string=query
+    )
+    assert response.status_code == 200
+    assert await response.get_json() == {
+        "success": True,
+        "message": "Succeeded to update model weights.",
+    }
+    assert engine.updates == [("tensor:st", {"weight_version": "v7", "flush_cache": False})]
+    failed = await control.post("/update_weights_from_tensor", data=b"bad", headers=OCTETS)
+    assert failed.status_code == 400 and (await failed.get_json())["success"] is False
+
+
+async def test_a_body_over_the_json_limit_is_taken(
+    control: QuartClient, engine: FakeEngine
+) -> None:
+    big = b"x" * (33 * 2**20)  # over MAX_CONTENT_LENGTH, which still holds elsewhere
+    response = await control.post("/update_weights_from_tensor", data=big, headers=OCTETS)
+    assert response.status_code == 200
+    assert len(engine.updates[0][0]) == len("tensor:") + len(big)
+    elsewhere = await control.post("/update_weights_from_disk", data=big)
+    assert elsewhere.status_code == 413
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"json": {"tensors": "pickled"}}, "pickle"),
+        ({"data": b"st", "headers": OCTETS, "query_string": {"flush_cache": "maybe"}}, "flush"),
+    ],
+)
+async def test_bad_tensor_updates_are_400s(
+    control: QuartClient, engine: FakeEngine, kwargs: dict, words: str
+) -> None:
+    response = await control.post("/update_weights_from_tensor", **kwargs)
+    assert response.status_code == 400
+    assert words in (await response.get_json())["error"]["message"]
+    assert engine.updates == []
+
+
+async def test_group_routes_pass_sglangs_shapes(control: QuartClient, engine: FakeEngine) -> None:
+    init = {"master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 2}
+    response = await control.post("/init_weights_update_group", json=init)
+    assert response.status_code == 200 and (await response.get_json())["success"] is True
+    body = {"names": ["w"], "dtypes": ["bfloat16"], "shapes": [[2, 3]], "weight_version": "s1"}
+    response = await control.post("/update_weights_from_distributed", json=body)
+    assert response.status_code == 200
+    response = await control.post("/destroy_weights_update_group", json={"group_name": "g"})
+    assert response.status_code == 400 and (await response.get_json())["success"] is False
+    assert engine.updates == [
+        ("init", {"args": ("10.0.0.1", 29500, 1, 2, "weight_update_group", None)}),
+        (
+            "distributed",
+            {
+                "args": (["w"], ["bfloat16"], [[2, 3]], "weight_update_group"),
+                "flush_cache": True,
+                "weight_version": "s1",
+                "abort_all_requests": False,
+            },
+        ),
+        ("destroy", {"group_name": "g"}),
+    ]
+
+
+GROUP = {"master_address": "h", "master_port": 1, "rank_offset": 1, "world_size": 2}
+SPECS = {"names": ["a"], "dtypes": ["float32"], "shapes": [[1]]}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/init_weights_update_group", GROUP | {"backend": "mpi"}, "backend"),
+        ("/init_weights_update_group", GROUP | {"rank_offset": 0}, "rank_offset"),
+        ("/init_weights_update_group", GROUP | {"master_port": 70000}, "master_port"),
+        ("/init_weights_update_group", {"master_port": 1}, "master_address"),
+        ("/update_weights_from_distributed", SPECS | {"shapes": [[-1]]}, "shapes[0][0]"),
+        ("/update_weights_from_distributed", SPECS | {"dtypes": []}, "dtypes"),
+        ("/update_weights_from_distributed", SPECS | {"names": ["a", "b"]}, None),
+        ("/update_weights_from_distributed", SPECS | {"load_format": "x"}, "load_format"),
+    ],
+)
+async def test_bad_group_requests_are_400s(
+    control: QuartClient, engine: FakeEngine, path: str, body: dict, param: str | None
+) -> None:
+    response = await control.post(path, json=body)
+    error = (await response.get_json())["error"]
+    assert response.status_code == 400 and error["param"] == param, error
+    assert engine.updates == []
+
+
+async def test_the_routes_are_off_unless_enabled(client: QuartClient) -> None:
+    for path in ("/update_weights_from_tensor", "/init_weights_update_group"):
+        response = await client.post(path, data=b"x", headers=OCTETS)
+        assert response.status_code == 404

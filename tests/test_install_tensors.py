@@ -1,0 +1,81 @@
+"""Installing named tensors over a served model (update_weights_from_tensor / _distributed's
+worker side): all checked before any is copied, and the bf16 CPU path's packed weights follow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from runtime.config import EngineConfig
+from runtime.layers.basic import Linear
+from runtime.worker.loader import CheckpointError, install_tensors
+from runtime.worker.model_runner import ModelRunner
+from tools.tiny_model import make_tiny_model
+
+
+def runner_for(model_dir: Path) -> ModelRunner:
+    return ModelRunner(EngineConfig(model=str(model_dir), mode="inproc", dtype="bfloat16"))
+
+
+def linear_outputs(runner: ModelRunner) -> dict[str, torch.Tensor]:
+    """Every linear layer's output for one fixed input: what the packed weights compute."""
+    assert runner.model is not None
+    outputs = {}
+    for name, module in runner.model.named_modules():
+        if isinstance(module, Linear):
+            x = torch.ones(2, module.in_features, dtype=torch.bfloat16)
+            outputs[name] = module(x)
+    return outputs
+
+
+def test_installed_weights_serve_as_a_fresh_load(llama_dir: Path, tmp_path: Path) -> None:
+    other = make_tiny_model(tmp_path / "seed3", "llama", seed=3)
+    runner, fresh = runner_for(llama_dir), runner_for(other)
+    assert runner.install_file(str(other / "model.safetensors")) == ""
+    expected = linear_outputs(fresh)
+    for name, output in linear_outputs(runner).items():
+        torch.testing.assert_close(output, expected[name], rtol=0, atol=0, msg=name)
+
+
+def test_nothing_changes_unless_every_tensor_fits(llama_dir: Path, tmp_path: Path) -> None:
+    runner = runner_for(llama_dir)
+    assert runner.model is not None
+    before = {n: p.clone() for n, p in runner.model.named_parameters()}
+    other = load_file(
+        str(make_tiny_model(tmp_path / "seed4", "llama", seed=4) / "model.safetensors")
+    )
+    q = "model.layers.0.self_attn.q_proj.weight"
+    cases = {
+        "has no place": [*other.items(), ("model.extra.weight", torch.zeros(2))],
+        "shape": [*other.items(), (q, torch.zeros(3, 3))],
+        "floating point": [(q, other[q].to(torch.int32)), *other.items()],
+        "same weights": [*other.items(), (q, other[q])],  # twice
+        "same weights ": [  # our fused tensor and one of its checkpoint slices
+            (
+                "model.layers.0.self_attn.qkv_proj.weight",
+                runner.model.get_parameter("model.layers.0.self_attn.qkv_proj.weight")
+                .detach()
+                .clone(),
+            ),
+            (q, other[q]),
+        ],
+    }
+    for words, tensors in cases.items():
+        with pytest.raises(CheckpointError, match=words.strip()):
+            install_tensors(runner.model, tensors)
+        assert runner.install_tensors(tensors) != ""
+    for name, param in runner.model.named_parameters():
+        assert torch.equal(param, before[name]), name
+
+
+def test_a_tied_lm_head_follows_the_embedding(model_dirs: dict[str, Path]) -> None:
+    runner = runner_for(model_dirs["qwen2"])
+    assert runner.model is not None
+    embedding = runner.model.get_parameter("model.embed_tokens.weight")
+    new = torch.randn(embedding.shape).to(embedding.dtype)
+    tensors = [("model.embed_tokens.weight", new), ("lm_head.weight", torch.zeros_like(new))]
+    assert install_tensors(runner.model, tensors) == 1  # the tied head is the embedding
+    assert torch.equal(runner.model.get_parameter("lm_head.weight"), new)
