@@ -3,12 +3,13 @@ the new checkpoint; a checkpoint that does not fit changes nothing."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
+import trio
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
@@ -109,3 +110,45 @@ async def test_the_trio_client_updates_and_checks_weights(
         assert len(await client.get_weights_by_name("model.norm.weight", 4)) == 4
         await client.flush_cache()
         await client.abort_request("no-such-request")
+
+
+async def test_a_client_that_leaves_midway_does_not_stop_an_update(
+    server: ServerProcess, llama_dir: Path
+) -> None:
+    """The update waits for an open request to finish; its client leaves meanwhile; the
+    update still completes, and generation resumes."""
+    body = {"model_path": str(llama_dir), "weight_version": "after-leaving"}
+    long = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
+    async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+
+        async def post(path: str, json: dict) -> None:
+            await http.post(path, json=json)
+
+        async def running() -> bool:
+            return "num_requests_running 1.0" in (await http.get("/metrics")).text
+
+        async def paused() -> bool:
+            return bool((await http.get("/is_paused")).json()["is_paused"])
+
+        async def updated() -> bool:
+            info = (await http.get("/get_model_info")).json()
+            return bool(info["weight_version"] == body["weight_version"])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post, "/generate", long)
+            await until(running)
+            with trio.CancelScope() as leaving:
+                async with trio.open_nursery() as updating:
+                    updating.start_soon(post, "/update_weights_from_disk", body)
+                    await until(paused)  # the update has begun, waiting for the request
+                    leaving.cancel()  # and its client goes
+        with trio.fail_after(60):
+            await until(updated)
+        assert not await paused()
+    assert generate(server)["meta_info"]["weight_version"] == "after-leaving"
+
+
+async def until(condition: Callable[[], Awaitable[bool]]) -> None:
+    """Poll another process's state (no trio.Event of ours can see it)."""
+    while not await condition():  # noqa: ASYNC110
+        await trio.sleep(0.01)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
 import time
 from collections.abc import Callable
@@ -32,6 +34,15 @@ from runtime.wire.transport import Channel, MessageChannel
 from runtime.worker import weight_group
 from runtime.worker.model_runner import ModelRunner, StepOutcome
 from runtime.worker.weight_group import WeightGroup
+
+
+def return_freed_memory() -> None:
+    """Trim glibc's heaps. Freed tensors of a few MB come back to the heap, not the system:
+    after the first large free, glibc serves allocations under 32 MB from its heaps, and
+    keeps what they free. Measured: 340 MB of received weights stayed in the worker's RSS
+    after a 100M-parameter update from a trainer."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 class WorkerActor:
@@ -204,6 +215,8 @@ class WorkerActor:
         error = await trio.to_thread.run_sync(
             runner.install_tensors, tensors, limiter=self._torch_thread
         )
+        del tensors
+        await self._collect_garbage()
         return error
 
     def _drop_group(self, name: str, error: str) -> str:
@@ -220,11 +233,13 @@ class WorkerActor:
         return ""
 
     async def _collect_garbage(self) -> None:
-        """Objects frozen at startup (the model's) may be gone now: let the GC see them."""
+        """Objects frozen at startup (the model's) may be gone now: let the GC see them, and
+        hand what they held back to the system."""
         await trio.lowlevel.checkpoint()
         gc.unfreeze()
         gc.collect()
         gc.freeze()
+        await trio.to_thread.run_sync(return_freed_memory, limiter=self._torch_thread)
 
     async def _execute(self, runner: ModelRunner, plan: StepPlan) -> StepOutcome:
         if self.inline:
