@@ -14,7 +14,7 @@ from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from api import control_api, native_api, openai_api, uploads
+from api import control_api, native_api, openai_api, operator_api, uploads
 from api.errors import APIError, engine_stopped, timed_out
 from api.openapi import openapi
 from api.schemas import DetokenizeRequest, TokenizeRequest
@@ -40,6 +40,7 @@ def create_app(engine: EngineClient, settings: ServerSettings) -> QuartTrio:
     openai_api.register(app, state)
     native_api.register(app, state)
     control_api.register(app, state)
+    operator_api.register(app, state)
     _register_errors(app)
     return app
 
@@ -95,6 +96,7 @@ def _register_basics(app: QuartTrio, state: ServerState) -> None:
         return jsonify({"object": "list", "data": [model]})
 
     @app.get("/get_model_info")
+    @app.get("/model_info")  # what smg asks a worker it registers
     async def get_model_info() -> Response:
         """SGLang's; read-only, so served without --enable-control-api."""
         card = state.engine.model_card

@@ -93,6 +93,63 @@ class _EngineCollector(Collector):
         yield from _time_split(stats)
 
 
+class _VLLMCollector(Collector):
+    """vLLM's names for the same figures, which the Kubernetes Gateway API Inference
+    Extension and vLLM's production stack scrape."""
+
+    def __init__(self, engine: EngineClient, model_name: str) -> None:
+        self._engine = engine
+        self._labels = {"model_name": model_name, "engine": "0"}
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._engine.statistics()
+        s = stats.scheduler
+        names, values = list(self._labels), list(self._labels.values())
+        for family, name, documentation, value in (
+            (GaugeMetricFamily, "num_requests_running", "Requests running.", s.num_running),
+            (
+                GaugeMetricFamily,
+                "num_requests_waiting",
+                "Requests waiting.",
+                s.num_waiting + s.num_held,
+            ),
+            (
+                GaugeMetricFamily,
+                "kv_cache_usage_perc",
+                "KV-cache usage; 1 means 100 percent.",
+                stats.kv_cache_usage,
+            ),
+            (
+                CounterMetricFamily,
+                "prefix_cache_queries",
+                "Prefix cache queries, in tokens.",
+                stats.frontend.prompt_tokens_total,
+            ),
+            (
+                CounterMetricFamily,
+                "prefix_cache_hits",
+                "Prefix cache hits, in tokens.",
+                s.num_cached_tokens,
+            ),
+        ):
+            metric = family(f"vllm:{name}", documentation, labels=names)
+            metric.add_metric(values, value)
+            yield metric
+        info = self._engine.server_info()
+        config = {
+            "block_size": info.get("block_size"),
+            "num_gpu_blocks": info.get("num_kv_blocks"),
+            "cache_dtype": info.get("dtype"),
+            "enable_prefix_caching": info.get("enable_prefix_caching"),
+            "engine": "0",
+        }
+        cache = GaugeMetricFamily(
+            "vllm:cache_config_info", "Information of the KV cache.", labels=list(config)
+        )
+        cache.add_metric([str(v) for v in config.values()], 1)
+        yield cache
+
+
 def _time_split(stats: EngineStats) -> Iterator[Metric]:
     """Where engine time goes, for benchmarks: divide by runtime:engine_steps_total."""
     s, w, f = stats.scheduler, stats.worker, stats.frontend
@@ -118,7 +175,7 @@ def _time_split(stats: EngineStats) -> Iterator[Metric]:
 
 
 class Metrics:
-    def __init__(self, engine: EngineClient, connections: ConnectionStats) -> None:
+    def __init__(self, engine: EngineClient, connections: ConnectionStats, model_name: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.ttft = Histogram(
             "runtime:time_to_first_token_seconds",
@@ -140,6 +197,7 @@ class Metrics:
         )
         self.registry.register(_EngineCollector(engine))
         self.registry.register(_ConnectionCollector(connections))
+        self.registry.register(_VLLMCollector(engine, model_name))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -322,6 +322,12 @@ class DestroyWeightsUpdateGroupRequest(Strict):
     group_name: str = "weight_update_group"
 
 
+class SetInternalStateRequest(Strict):
+    """SGLang's `POST /set_internal_state`: the settings to change, by name."""
+
+    server_args: Annotated[dict[str, Any], Field(max_length=64)]
+
+
 class GetWeightsByNameRequest(Strict):
     """SGLang's `POST /get_weights_by_name`."""
 

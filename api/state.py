@@ -31,6 +31,7 @@ class ServerSettings:
         max_open_requests: sequences the engine may work on at once (running or waiting);
             beyond it new requests get 503 until some finish.
         health_timeout: seconds the actors get to answer a /health ping.
+        health_generate_timeout: seconds /health_generate waits for its one token.
         request_timeout: seconds a request may run before it ends with a 408 error (None:
             no limit).
         enable_control_api: serve the routes that steer the engine (pause, resume...).
@@ -40,6 +41,7 @@ class ServerSettings:
     api_key: str | None = None
     max_open_requests: int = 4096
     health_timeout: float = 5.0
+    health_generate_timeout: float = 20.0  # SGLang's default
     request_timeout: float | None = None
     enable_control_api: bool = False
 
@@ -53,7 +55,7 @@ class ServerState:
     draining: bool = False
 
     def __post_init__(self) -> None:
-        self.metrics = Metrics(self.engine, self.connections)
+        self.metrics = Metrics(self.engine, self.connections, self.settings.served_model_name)
 
     async def parse(self, model: type[Model], *, optional: bool = False) -> Model:
         """The request's JSON body as `model`, or an APIError(400) naming what is wrong. An

@@ -227,6 +227,16 @@ class EngineClient(Protocol):
         model has no such parameter."""
         ...
 
+    def server_info(self) -> dict[str, Any]:
+        """The engine's settings as it runs them (JSON values): its configuration, with what
+        the actors reported (KV blocks, dtype, threads) and the live `max_num_seqs`."""
+        ...
+
+    async def set_internal_state(self, settings: Mapping[str, Any]) -> None:
+        """Change settings live: only `max_num_seqs` (SGLang: `max_running_requests`);
+        ValueError naming any other, or a bad value, and then nothing changes."""
+        ...
+
     async def check_health(self) -> None:
         """Return once every actor has answered; callers put a deadline around it."""
         ...

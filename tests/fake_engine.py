@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -41,6 +42,7 @@ class FakeEngine(EngineClient):
     flushes: int = 0
     released: set[str] = field(default_factory=set)
     updates: list[tuple[str, dict[str, object]]] = field(default_factory=list)
+    max_num_seqs: int = 8
 
     @property
     def model_card(self) -> ModelCard:
@@ -192,6 +194,15 @@ class FakeEngine(EngineClient):
             raise ValueError(f"cannot flush the cache while requests are open: {len(self.open)}")
         self.flushes += 1
 
+    def server_info(self) -> dict[str, Any]:
+        return {"model": "/fake/model", "max_num_seqs": self.max_num_seqs, "block_size": 16}
+
+    async def set_internal_state(self, settings: Mapping[str, Any]) -> None:
+        await trio.lowlevel.checkpoint()
+        if set(settings) - {"max_num_seqs", "max_running_requests"}:
+            raise ValueError(f"cannot change {', '.join(sorted(settings))} while serving")
+        self.max_num_seqs = settings.get("max_num_seqs", settings.get("max_running_requests"))
+
     async def check_health(self) -> None:
         if not self.healthy:
             await trio.sleep_forever()
@@ -218,6 +229,8 @@ class FakeEngine(EngineClient):
             num_running=len(self.open),
             num_free_blocks=90,
             num_generated_tokens=11,
+            num_cached_tokens=2,
+            max_num_seqs=self.max_num_seqs,
         )
         return EngineStats(frontend, scheduler, WorkerStats())
 

@@ -7,6 +7,7 @@ from runtime.sampling_params import SamplingParams
 from runtime.wire.codec import _TAG_OF, WireError, decode, encode
 from runtime.wire.messages import (
     AddRequest,
+    Configure,
     ControlDone,
     EngineReady,
     FlushCache,
@@ -46,7 +47,7 @@ PARAMS = SamplingParams(
     stop_token_ids=(5, 6),
     stop=("END",),
 )
-STATS = SchedulerStats(1, 2, 3, 4, 5, 6, 7, 8, 9, 0.1, 0.2, 0.3)
+STATS = SchedulerStats(1, 2, 3, 4, 5, 6, 7, 8, 9, 0.1, 0.2, 0.3, 10, 11, 12)
 WORKER_STATS = WorkerStats(9, 0.1, 0.2, 0.3, 0.4)
 EXAMPLES = [
     PARAMS,
@@ -74,6 +75,7 @@ EXAMPLES = [
     JoinWeightGroup(12, "trainer", "127.0.0.1", 29500, 1, 2, "gloo"),
     UpdateWeightsFromGroup(13, "trainer", ("a", "b"), ("bfloat16", "float32"), ((2, 3), ())),
     LeaveWeightGroup(14, "trainer"),
+    Configure(16, 64),
     UpdateWeightsFromFile(15, "/tmp/weights.safetensors"),
     GetWeights(9, "model.embed_tokens.weight", 100),
     WeightValues(9, "", (0.5, -1.25)),

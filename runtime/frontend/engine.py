@@ -15,12 +15,12 @@ request has ended, even while the scheduler is still finishing with the old one.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -33,7 +33,6 @@ from runtime.engine_client import (
     EngineStats,
     FrontendStats,
     ModelCard,
-    NamedTensors,
     RequestOutput,
     RequestTimeoutError,
 )
@@ -43,6 +42,7 @@ from runtime.frontend.outbox import Outbox
 from runtime.frontend.output_processor import OutputProcessor
 from runtime.frontend.request_stream import RequestStream
 from runtime.frontend.steering import Steering
+from runtime.frontend.steering_calls import SteeringCalls
 from runtime.model_info import ModelInfo
 from runtime.sampling_params import SamplingParams
 from runtime.wire.codec import WireError
@@ -65,7 +65,7 @@ from runtime.wire.transport import MessageChannel
 DIAGNOSE_TIMEOUT = 2.0
 
 
-class Engine(EngineClient):
+class Engine(SteeringCalls, EngineClient):
     def __init__(
         self,
         config: EngineConfig,
@@ -184,6 +184,16 @@ class Engine(EngineClient):
             return "the worker is not answering (the scheduler is)"
         return "the scheduler is not answering"
 
+    def server_info(self) -> dict[str, Any]:
+        settings = dataclasses.asdict(self.config)
+        settings["max_num_seqs"] = self._scheduler_stats.max_num_seqs or self.config.max_num_seqs
+        if self.ready is not None:  # what the actors run, read back from them
+            w = self.ready.worker
+            settings |= {"num_kv_blocks": w.num_kv_blocks, "dtype": w.dtype,
+                         "num_threads": w.num_threads,
+                         "max_steps_in_flight": self.ready.max_steps_in_flight}  # fmt: skip
+        return settings
+
     def statistics(self) -> EngineStats:
         frontend = FrontendStats(
             num_requests_open=len(self._streams),
@@ -212,54 +222,6 @@ class Engine(EngineClient):
 
     async def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         return await self.inputs.apply_chat_template_async(messages)
-
-    # -- steering (runtime.frontend.steering) --------------------------------------------
-
-    @property
-    def is_paused(self) -> bool:
-        return self.steering.is_paused
-
-    async def pause(self, mode: str = "abort") -> None:
-        self._check_alive()
-        await self.steering.pause(mode)
-
-    async def resume(self) -> None:
-        await self.steering.resume()
-
-    async def flush_cache(self) -> None:
-        await self.steering.flush_cache()
-
-    async def update_weights_from_disk(
-        self, model_path: str, **options: Any
-    ) -> tuple[bool, str, int]:
-        return await self.steering.update_weights_from_disk(model_path, **options)
-
-    async def update_weights_from_tensor(
-        self, tensors: NamedTensors | Path, **options: Any
-    ) -> tuple[bool, str]:
-        return await self.steering.update_weights_from_tensor(tensors, **options)
-
-    async def init_weights_update_group(self, *args: Any, **kwargs: Any) -> tuple[bool, str]:
-        return await self.steering.init_weights_update_group(*args, **kwargs)
-
-    async def update_weights_from_distributed(self, *args: Any, **kwargs: Any) -> tuple[bool, str]:
-        return await self.steering.update_weights_from_distributed(*args, **kwargs)
-
-    async def destroy_weights_update_group(self, group_name: str) -> tuple[bool, str]:
-        return await self.steering.destroy_weights_update_group(group_name)
-
-    async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[float]:
-        return await self.steering.get_weights_by_name(name, truncate_size)
-
-    @property
-    def is_sleeping(self) -> bool:
-        return self.steering.is_sleeping
-
-    async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
-        await self.steering.release_memory_occupation(tags)
-
-    async def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
-        await self.steering.resume_memory_occupation(tags)
 
     # -- requests ------------------------------------------------------------------------
 

@@ -12,12 +12,13 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
 from runtime.engine_client import EngineStats, NamedTensors
 from runtime.wire.messages import (
+    Configure,
     FlushCache,
     GetWeights,
     JoinWeightGroup,
@@ -34,6 +35,8 @@ from runtime.wire.messages import (
 
 PAUSE_MODES = ("abort", "wait", "keep")
 MEMORY_TAGS = ("kv_cache", "weights")
+# What set_internal_state may change; SGLang calls max_num_seqs max_running_requests.
+LIVE_SETTINGS = ("max_num_seqs", "max_running_requests")
 MAX_WEIGHT_VALUES = 100_000  # what get_weights_by_name may return: a check, not a download
 
 
@@ -109,6 +112,22 @@ class Steering:
     async def flush_cache(self) -> None:
         """Drop the prefix cache; ValueError naming the counts while any request is open."""
         await self._engine.control(lambda nonce: FlushCache(nonce, False))
+
+    async def set_internal_state(self, settings: Mapping[str, Any]) -> None:
+        """Change the settings that may change live (LIVE_SETTINGS); ValueError naming any
+        other, or a bad value, and then nothing changes."""
+        others = sorted(set(settings) - set(LIVE_SETTINGS))
+        if others:
+            raise ValueError(
+                f"cannot change {', '.join(others)} while serving; these can: "
+                f"{', '.join(LIVE_SETTINGS)}"
+            )
+        value = settings.get("max_num_seqs", settings.get("max_running_requests"))
+        if value is not None:
+            if type(value) is not int or value < 1:
+                raise ValueError(f"max_num_seqs must be an integer >= 1, not {value!r}")
+            async with self._lock:
+                await self._engine.control(lambda nonce: Configure(nonce, value))
 
     async def update_weights_from_disk(
         self,

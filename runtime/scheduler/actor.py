@@ -23,6 +23,7 @@ from runtime.scheduler.sequence import Sequence
 from runtime.wire.codec import WireError
 from runtime.wire.messages import (
     AddRequest,
+    Configure,
     ControlDone,
     EngineReady,
     FlushCache,
@@ -215,6 +216,13 @@ class SchedulerActor:
                         await frontend.send(ControlDone(nonce, str(exc)))
                     else:
                         self._pausing.append(nonce)
+                case Configure(nonce=nonce, max_num_seqs=max_num_seqs):
+                    if max_num_seqs < 1:
+                        await frontend.send(ControlDone(nonce, "max_num_seqs must be >= 1"))
+                    else:
+                        self.pipeline.scheduler.max_num_seqs = max_num_seqs
+                        await frontend.send(self._outputs_message([]))  # stats show it first
+                        await frontend.send(ControlDone(nonce, ""))
                 case Resume(nonce=nonce):
                     self.pipeline.scheduler.resume()
                     await frontend.send(ControlDone(nonce, ""))
@@ -305,6 +313,11 @@ class SchedulerActor:
             schedule_seconds=self._schedule_seconds,
             update_seconds=self._update_seconds,
             wait_seconds=self._wait_seconds,
+            num_held=len(core.held),
+            num_waiting_uncached_tokens=sum(
+                [seq.num_tokens - seq.num_computed_tokens for seq in (*core.waiting, *core.held)]
+            ),
+            max_num_seqs=core.max_num_seqs,
         )
 
 

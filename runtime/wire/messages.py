@@ -164,6 +164,13 @@ class SchedulerStats:
     """Applying each step's sampled tokens: stops, freeing, prefix-cache registration."""
     wait_seconds: float
     """Waiting for the worker's results."""
+    num_held: int = 0
+    """Sequences that arrived during a pause, waiting for the resume."""
+    num_waiting_uncached_tokens: int = 0
+    """Tokens the waiting and held sequences still have to compute (before prefix-cache
+    matches, which are found at admission)."""
+    max_num_seqs: int = 0
+    """The running batch's limit now (`set_internal_state` may change it)."""
 
     @classmethod
     def idle(cls, num_blocks: int) -> SchedulerStats:
@@ -327,6 +334,15 @@ class UpdateWeightsFromFile:
 
     nonce: int
     path: str
+
+
+@message(43)
+class Configure:
+    """Frontend → scheduler: change the settings that may change live (`set_internal_state`);
+    answered by `ControlDone`."""
+
+    nonce: int
+    max_num_seqs: int
 
 
 @message(32)

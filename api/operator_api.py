@@ -1,0 +1,120 @@
+"""What routers and operators poll: SGLang's load report and server info, the one setting that
+may change live, and a health check that really generates.
+
+`smg` (the SGLang gateway) reads `/v1/loads` for its load-aware policies, and `/server_info`
+and `/model_info` when a worker registers.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from importlib.metadata import version
+from typing import Any
+
+import trio
+from quart import Response, jsonify, request
+from quart_trio import QuartTrio
+
+from api.errors import APIError
+from api.loads import ThroughputMeter, legacy_load, load_entry
+from api.schemas import SetInternalStateRequest
+from api.state import ServerState
+from runtime.engine_client import EngineDeadError, SamplingParams
+
+LOAD_SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")  # SGLang's
+
+
+def register(app: QuartTrio, state: ServerState) -> None:
+    meter = ThroughputMeter()
+    server_version = version("trio-llm-runtime")
+
+    def entry() -> dict[str, Any]:
+        stats = state.engine.statistics()
+        throughput = meter.rate(stats.scheduler.num_generated_tokens)
+        return load_entry(stats, state.engine.server_info()["block_size"], throughput)
+
+    @app.get("/v1/loads")
+    async def loads() -> Response:
+        unknown = set(request.args.get("include", "all").split(",")) - set(LOAD_SECTIONS)
+        if unknown:
+            raise APIError(
+                400,
+                f"unknown include sections {sorted(unknown)}; known: {', '.join(LOAD_SECTIONS)}",
+                param="include",
+                code="invalid_value",
+            )
+        ranks = [entry()]  # one scheduler: data parallelism is issue 13
+        wanted = request.args.get("dp_rank")
+        if wanted is not None:
+            ranks = [load for load in ranks if str(load["dp_rank"]) == wanted]
+        body = {
+            "timestamp": datetime.now(UTC).isoformat(),
+            "version": server_version,
+            "dp_rank_count": 1,
+            "loads": ranks,
+        }
+        return jsonify(body)
+
+    @app.get("/get_load")
+    async def get_load() -> Response:
+        return jsonify([legacy_load(entry())])
+
+    async def server_info() -> Response:
+        load = entry()
+        settings = state.settings
+        internal = {
+            "last_gen_throughput": load["gen_throughput"],
+            "#running": load["num_running_reqs"],
+            "#queue-req": load["num_waiting_reqs"],
+            "token_usage": load["token_usage"],
+            "memory_usage": {"token_capacity": load["max_total_num_tokens"]},
+            "effective_max_running_requests_per_dp": load["max_running_requests"],
+        }
+        info = state.engine.server_info() | {
+            "served_model_name": settings.served_model_name,
+            "max_open_requests": settings.max_open_requests,
+            "request_timeout": settings.request_timeout,
+            "enable_control_api": settings.enable_control_api,
+            "api_key_required": settings.api_key is not None,  # never the key itself
+            "status": "ready",
+            "max_total_num_tokens": load["max_total_num_tokens"],
+            "internal_states": [internal],
+            "version": server_version,
+        }
+        return jsonify(info)
+
+    app.add_url_rule("/get_server_info", view_func=server_info, methods=["GET"])
+    app.add_url_rule("/server_info", "server_info_alias", server_info, methods=["GET"])
+
+    @app.route("/set_internal_state", methods=["POST", "PUT"])
+    async def set_internal_state() -> Response:
+        if not state.settings.enable_control_api:  # it changes how the engine serves
+            raise APIError(
+                404,
+                "/set_internal_state is off: start the server with --enable-control-api",
+                code="control_api_disabled",
+            )
+        req = await state.parse(SetInternalStateRequest)
+        try:
+            await state.engine.set_internal_state(req.server_args)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="server_args", code="invalid_value") from None
+        return jsonify([True])  # one per data-parallel rank, as SGLang answers
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        """One greedy token through every actor, outside the request metrics."""
+        if state.draining or state.engine.is_paused:
+            why = "draining" if state.draining else "paused"
+            raise APIError(503, f"the server is {why}: it generates nothing", code="unhealthy")
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        rid = f"HEALTH_CHECK_{uuid.uuid4().hex}"
+        with trio.move_on_after(state.settings.health_generate_timeout):
+            try:
+                async for _ in state.engine.generate([0], params, rid=rid):
+                    pass
+            except EngineDeadError as exc:
+                raise APIError(503, f"the engine is dead: {exc}", code="unhealthy") from None
+            return Response(b"", 200)
+        raise APIError(503, "the engine generated nothing in time", code="unhealthy")
