@@ -167,7 +167,55 @@ class Client:
         async for data in self._stream("/v1/chat/completions", body):
             yield ChatCompletion.parse(data)
 
+    async def generate(
+        self,
+        prompt: str | list[int],
+        sampling_params: dict[str, Any] | None = None,
+        *,
+        rid: str | None = None,
+        session_params: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """SGLang's native /generate (text, or token ids): {"text", "output_ids", "meta_info"}.
+        `session_params` ({"id", "rid"?, "offset"?, ...}) continues a session."""
+        body: dict[str, Any] = {"text" if isinstance(prompt, str) else "input_ids": prompt}
+        body |= {"sampling_params": sampling_params or {}, "rid": rid}
+        if session_params is not None:
+            body["session_params"] = session_params
+        return await self._request("POST", "/generate", body)
+
+    async def open_session(
+        self,
+        capacity_of_str_len: int,
+        session_id: str | None = None,
+        idle_timeout: float | None = None,
+    ) -> str:
+        """A session whose turns' KV the engine keeps; its id. `idle_timeout` is SGLang's
+        `timeout`: idle seconds before the server closes it."""
+        body = {"capacity_of_str_len": capacity_of_str_len, "session_id": session_id}
+        response = await self._http.post("/open_session", json=body | {"timeout": idle_timeout})
+        if response.status_code != 200:
+            raise APIStatusError(response.status_code, _json(response.content))
+        return str(json.loads(response.content))
+
+    async def close_session(self, session_id: str) -> None:
+        await self._request("POST", "/close_session", {"session_id": session_id})
+
+    async def loads(self) -> list[dict[str, Any]]:
+        """Each data-parallel rank's load (SGLang's /v1/loads)."""
+        return list((await self._request("GET", "/v1/loads"))["loads"])
+
+    async def server_info(self) -> dict[str, Any]:
+        return await self._request("GET", "/get_server_info")
+
+    async def health_generate(self) -> bool:
+        """True if the server generated a token through every actor in time."""
+        return (await self._http.get("/health_generate")).status_code == 200
+
     # -- steering (the server needs --enable-control-api) --------------------------------
+
+    async def set_internal_state(self, **server_args: Any) -> None:
+        """Change settings live: `max_num_seqs`."""
+        await self._request("POST", "/set_internal_state", {"server_args": server_args})
 
     async def pause_generation(self, mode: str = "abort") -> None:
         """Pause: "abort" ends open requests with their output so far, "wait" lets them

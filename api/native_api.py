@@ -10,7 +10,8 @@ from typing import Any
 from quart import Response, jsonify
 from quart_trio import QuartTrio
 
-from api.schemas import GenerateRequest
+from api.errors import APIError
+from api.schemas import CloseSessionRequest, GenerateRequest, OpenSessionRequest
 from api.state import ServerState
 from api.streaming import (
     SSE_DONE,
@@ -32,13 +33,34 @@ def register(app: QuartTrio, state: ServerState) -> None:
         rid = req.rid or uuid.uuid4().hex
         (prompt,) = await state.encode_all([req.prompt()])
         state.admit()  # again: others may have come in while this one tokenized
-        streams = state.start([prompt], req.params(), [rid])
+        streams = state.start([prompt], req.params(), [rid], req.session())
         version = state.engine.model_card.weight_version
         if req.stream:
             outputs = merged(streams, state.metrics, app.nursery)
             return await sse_response(events(outputs, rid, version))
         (result,) = await collect_all(streams, state.metrics)
         return jsonify(body(rid, result, version))
+
+    @app.post("/open_session")
+    async def open_session() -> Response:
+        """A session for multi-turn requests whose history's KV the engine keeps."""
+        req = await state.parse(OpenSessionRequest)
+        try:
+            session_id = state.engine.open_session(
+                req.capacity_of_str_len, req.session_id, req.timeout
+            )
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="session_id", code="invalid_value") from None
+        return jsonify(session_id)
+
+    @app.post("/close_session")
+    async def close_session() -> Response:
+        req = await state.parse(CloseSessionRequest)
+        try:
+            state.engine.close_session(req.session_id)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="session_id", code="invalid_value") from None
+        return Response(b"", 200)
 
 
 async def events(outputs: Merged, rid: str, weight_version: str) -> AsyncIterator[bytes]:

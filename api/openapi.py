@@ -9,9 +9,11 @@ from pydantic import BaseModel
 from api import control_api
 from api.schemas import (
     ChatCompletionRequest,
+    CloseSessionRequest,
     CompletionRequest,
     DetokenizeRequest,
     GenerateRequest,
+    OpenSessionRequest,
     TokenizeRequest,
 )
 
@@ -22,6 +24,8 @@ BODIES: dict[str, tuple[type[BaseModel], str]] = {
     "/generate": (GenerateRequest, "SGLang's native generate"),
     "/tokenize": (TokenizeRequest, "Text or a chat to token ids"),
     "/detokenize": (DetokenizeRequest, "Token ids to text"),
+    "/open_session": (OpenSessionRequest, "Open a session; answers its id (SGLang)"),
+    "/close_session": (CloseSessionRequest, "Close a session, releasing its KV (SGLang)"),
 }
 GETS = {
     "/v1/models": "The served model",
@@ -29,6 +33,10 @@ GETS = {
     "/health": "200 once every actor has answered; 503 naming the one that did not",
     "/metrics": "Prometheus metrics",
     "/openapi.json": "This document",
+    "/v1/loads": "Load per data-parallel rank, SGLang's shape (smg reads it)",
+    "/get_load": "SGLang's legacy load list",
+    "/get_server_info": "Settings, internal states and version (SGLang; alias /server_info)",
+    "/health_generate": "200 once one token was generated through every actor; else 503",
 }
 ERROR = {
     "type": "object",

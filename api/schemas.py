@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.errors import APIError, unsupported
-from runtime.engine_client import SamplingParams
+from runtime.engine_client import SamplingParams, SessionParams
 
 # Caps on the lists a client controls, so that no request costs the others more than its share
 # (each stop string is searched for in every new piece of text, each stop token id per token).
@@ -211,6 +211,16 @@ class NativeSamplingParams(SamplingFields):
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
 
 
+class SessionParamsModel(Strict):
+    """Which session a `/generate` continues, and from where (runtime/frontend/sessions.py)."""
+
+    id: NonEmptyStr
+    rid: NonEmptyStr | None = None
+    offset: int | None = None
+    replace: bool = False
+    drop_previous_output: bool = False
+
+
 class GenerateRequest(Strict):
     """SGLang's native `POST /generate`: one prompt, as `text` or as `input_ids`."""
 
@@ -219,6 +229,13 @@ class GenerateRequest(Strict):
     sampling_params: NativeSamplingParams = Field(default_factory=NativeSamplingParams)
     stream: bool = False
     rid: NonEmptyStr | None = None
+    session_params: SessionParamsModel | None = None
+
+    def session(self) -> SessionParams | None:
+        p = self.session_params
+        if p is None:
+            return None
+        return SessionParams(p.id, p.rid, p.offset, p.replace, p.drop_previous_output)
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateRequest:
@@ -231,6 +248,20 @@ class GenerateRequest(Strict):
 
     def params(self) -> SamplingParams:
         return self.sampling_params.sampling_params(self.sampling_params.max_new_tokens)
+
+
+class OpenSessionRequest(Strict):
+    """SGLang's `POST /open_session`; answered by the session id."""
+
+    capacity_of_str_len: Annotated[int, Field(ge=1, le=10_000_000)]
+    session_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    timeout: Annotated[float, Field(gt=0)] | None = None
+
+
+class CloseSessionRequest(Strict):
+    """SGLang's `POST /close_session`."""
+
+    session_id: str
 
 
 class TokenizeRequest(Strict):

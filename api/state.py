@@ -14,7 +14,7 @@ from quart import request
 from api.connections import ConnectionStats
 from api.errors import APIError, from_validation_error
 from api.metrics import Metrics
-from runtime.engine_client import EngineClient, RequestOutput, SamplingParams
+from runtime.engine_client import EngineClient, RequestOutput, SamplingParams, SessionParams
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -106,12 +106,17 @@ class ServerState:
             )
 
     def start(
-        self, prompts: Sequence[str | list[int]], params: SamplingParams, rids: list[str]
+        self,
+        prompts: Sequence[str | list[int]],
+        params: SamplingParams,
+        rids: list[str],
+        session: SessionParams | None = None,
     ) -> list[AsyncGenerator[RequestOutput, None]]:
         """Validate every prompt before any is queued; a bad one is a 400 for the whole request."""
+        timeout = self.settings.request_timeout
         try:
             return [
-                self.engine.generate(prompt, params, rid=rid, timeout=self.settings.request_timeout)
+                self.engine.generate(prompt, params, rid=rid, timeout=timeout, session=session)
                 for prompt, rid in zip(prompts, rids, strict=True)
             ]
         except ValueError as exc:

@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--mode", default="process", choices=["process", "inproc"])
     serve.add_argument("--no-prefix-caching", action="store_true")
     serve.add_argument(
+        "--max-sessions", type=int, default=1024, help="sessions (open_session) open at once"
+    )
+    serve.add_argument(
         "--max-steps-in-flight",
         type=int,
         default=2,
@@ -221,6 +224,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         device=args.device,
         num_threads=args.threads,
         max_steps_in_flight=args.max_steps_in_flight,
+        max_sessions=args.max_sessions,
     )
 
 

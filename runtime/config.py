@@ -44,6 +44,7 @@ class EngineConfig:
         max_steps_in_flight: steps sent to the worker and not yet answered. 1 waits for each
             result before scheduling the next step; 2 keeps one step queued behind the one
             computing, so scheduling and messaging overlap the forward pass. No more than 2.
+        max_sessions: sessions (`open_session`) open at once.
     """
 
     model: str
@@ -59,6 +60,7 @@ class EngineConfig:
     device: str = "cpu"
     num_threads: int = 0
     max_steps_in_flight: int = 2
+    max_sessions: int = 1024
 
     def __post_init__(self) -> None:
         if self.mode not in ("process", "inproc"):
@@ -69,6 +71,7 @@ class EngineConfig:
             "block_size",
             "kv_cache_memory",
             "max_steps_in_flight",
+            "max_sessions",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

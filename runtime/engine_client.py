@@ -30,6 +30,7 @@ __all__ = [
     "RequestTimeoutError",
     "SamplingParams",
     "SchedulerStats",
+    "SessionParams",
     "WorkerStats",
 ]
 
@@ -116,6 +117,17 @@ class EngineStats:
         return used / s.num_total_blocks if s.num_total_blocks else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class SessionParams:
+    """Which session a request continues, and from where (runtime/frontend/sessions.py)."""
+
+    id: str
+    rid: str | None = None
+    offset: int | None = None
+    replace: bool = False
+    drop_previous_output: bool = False
+
+
 class EngineClient(Protocol):
     @property
     def model_card(self) -> ModelCard: ...
@@ -127,6 +139,7 @@ class EngineClient(Protocol):
         *,
         rid: str | None = None,
         timeout: float | None = None,
+        session: SessionParams | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Validate now (ValueError on bad input); the request is queued once iterated.
 
@@ -136,6 +149,7 @@ class EngineClient(Protocol):
         starts) and is free again as soon as that request has ended. The engine keys its own
         state by ids it makes itself. With a `timeout` (seconds from the first iteration), a
         request still running then is aborted and the iterator raises RequestTimeoutError.
+        With a `session`, the prompt continues that session's history (its KV reused).
         """
         ...
 
@@ -225,6 +239,20 @@ class EngineClient(Protocol):
     async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[float]:
         """The first values of a parameter (flattened), to check an update; ValueError if the
         model has no such parameter."""
+        ...
+
+    def open_session(
+        self,
+        capacity_of_str_len: int,
+        session_id: str | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        """Open a session (its id: the given one, or a new one); ValueError if that id is
+        open already or too many sessions are. `timeout`: idle seconds before it closes."""
+        ...
+
+    def close_session(self, session_id: str) -> None:
+        """Close a session and release its KV; ValueError if it is not open."""
         ...
 
     def server_info(self) -> dict[str, Any]:

@@ -54,9 +54,19 @@ class CoreHarness:
         self.finished: dict[str, str] = {}
         self.plans: deque[StepPlan] = deque()  # sent to the worker, not yet computed
 
-    def add(self, rid: str, prompt: list[int], max_tokens: int, ignore_eos: bool = True) -> None:
+    def add(
+        self,
+        rid: str,
+        prompt: list[int],
+        max_tokens: int,
+        ignore_eos: bool = True,
+        session: str = "",
+    ) -> None:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
-        self.sched.add(Sequence(self.next_seq_id, rid, prompt, params, max_tokens=max_tokens))
+        seq = Sequence(
+            self.next_seq_id, rid, prompt, params, max_tokens=max_tokens, session=session
+        )
+        self.sched.add(seq)
         self.next_seq_id += 1
         self.outputs[rid] = []
         self.finished.pop(rid, None)  # an id may be reused once its request has ended
@@ -118,7 +128,8 @@ class CoreHarness:
     def check_invariants(self) -> None:
         bm, sched = self.bm, self.sched
         live = list(sched.running) + list(sched.waiting)
-        refs = Counter(b for seq in live for b in seq.block_table)
+        pinned = sched.pins.pinned_blocks()
+        refs = Counter(b for seq in live for b in seq.block_table) + Counter(pinned)
         for block in bm.blocks:
             assert block.ref_count == refs[block.block_id], (block.block_id, block.ref_count)
             assert (block.ref_count == 0) == (block.block_id in bm.free)
@@ -138,4 +149,4 @@ class CoreHarness:
         assert len(sched.running) <= sched.max_num_seqs
         assert set(sched.by_rid) == {s.rid for s in live + sched.held}
         if self.pipeline.idle and sched.pause_mode != "keep":
-            assert bm.num_free_blocks == bm.num_blocks
+            assert bm.num_free_blocks == bm.num_blocks - len(set(pinned))

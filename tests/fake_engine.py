@@ -21,6 +21,7 @@ from runtime.engine_client import (
     RequestTimeoutError,
     SamplingParams,
     SchedulerStats,
+    SessionParams,
     WorkerStats,
 )
 
@@ -43,6 +44,7 @@ class FakeEngine(EngineClient):
     released: set[str] = field(default_factory=set)
     updates: list[tuple[str, dict[str, object]]] = field(default_factory=list)
     max_num_seqs: int = 8
+    sessions: set[str] = field(default_factory=set)
 
     @property
     def model_card(self) -> ModelCard:
@@ -55,8 +57,11 @@ class FakeEngine(EngineClient):
         *,
         rid: str | None = None,
         timeout: float | None = None,
+        session: SessionParams | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         params = params or SamplingParams()
+        if session is not None and session.id not in self.sessions:
+            raise ValueError(f"no open session {session.id!r}")
         token_ids = self._encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not token_ids:
             raise ValueError("the prompt is empty")
@@ -193,6 +198,23 @@ class FakeEngine(EngineClient):
         if self.open:
             raise ValueError(f"cannot flush the cache while requests are open: {len(self.open)}")
         self.flushes += 1
+
+    def open_session(
+        self,
+        capacity_of_str_len: int,
+        session_id: str | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        session_id = session_id or f"s{len(self.sessions)}"
+        if session_id in self.sessions:
+            raise ValueError(f"session {session_id!r} is already open")
+        self.sessions.add(session_id)
+        return session_id
+
+    def close_session(self, session_id: str) -> None:
+        if session_id not in self.sessions:
+            raise ValueError(f"no open session {session_id!r}")
+        self.sessions.remove(session_id)
 
     def server_info(self) -> dict[str, Any]:
         return {"model": "/fake/model", "max_num_seqs": self.max_num_seqs, "block_size": 16}

@@ -109,3 +109,27 @@ async def test_vllm_metric_names(client: QuartClient) -> None:
 async def test_model_info_alias(client: QuartClient) -> None:
     response = await client.get("/model_info")
     assert (await response.get_json())["served_model_name"] == MODEL
+
+
+async def test_sessions_open_close_and_continue(client: QuartClient, engine: FakeEngine) -> None:
+    opened = await client.post("/open_session", json={"capacity_of_str_len": 100})
+    session_id = await opened.get_json()
+    assert opened.status_code == 200 and isinstance(session_id, str)
+    again = await client.post(
+        "/open_session", json={"capacity_of_str_len": 100, "session_id": session_id}
+    )
+    assert again.status_code == 400 and "already open" in await again.get_data(as_text=True)
+    body = {
+        "input_ids": [1, 2],
+        "sampling_params": {"max_new_tokens": 4},
+        "session_params": {"id": session_id, "offset": -1},
+    }
+    assert (await client.post("/generate", json=body)).status_code == 200
+    closed = await client.post("/close_session", json={"session_id": session_id})
+    assert closed.status_code == 200
+    unknown = await client.post("/generate", json=body)
+    assert unknown.status_code == 400 and "no open session" in await unknown.get_data(as_text=True)
+    gone = await client.post("/close_session", json={"session_id": session_id})
+    assert gone.status_code == 400
+    bad = await client.post("/open_session", json={"capacity_of_str_len": 0})
+    assert (await bad.get_json())["error"]["param"] == "capacity_of_str_len"

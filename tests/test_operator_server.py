@@ -9,6 +9,7 @@ import httpx
 import pytest
 import trio
 
+from api.client import APIStatusError, Client
 from tests.server_process import ServerProcess
 
 LONG = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 150, "ignore_eos": True}}
@@ -64,3 +65,26 @@ async def test_a_lower_max_num_seqs_holds_requests_in_the_queue(server: ServerPr
         assert load["max_running_requests"] == 128 and load["gen_throughput"] > 0
         refused = await http.post("/set_internal_state", json={"server_args": {"max_num_seqs": 0}})
         assert refused.status_code == 400
+
+
+async def test_a_session_over_http(server: ServerProcess) -> None:
+    """The trio client drives a two-turn session; the second turn equals a fresh request over
+    the whole history and reads the history's KV from the cache."""
+    greedy = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    first_prompt = list(range(3, 40))
+    async with Client(server.url) as client:
+        session = await client.open_session(1000)
+        first = await client.generate(
+            first_prompt, greedy, rid="turn-1", session_params={"id": session}
+        )
+        second = await client.generate([60, 61], greedy, session_params={"id": session})
+        fresh = await client.generate(first_prompt + first["output_ids"] + [60, 61], greedy)
+        assert second["output_ids"] == fresh["output_ids"]
+        assert second["meta_info"]["cached_tokens"] == 32
+        assert second["meta_info"]["prompt_tokens"] == 37 + 8 + 2
+        await client.close_session(session)
+        with pytest.raises(APIStatusError) as refused:
+            await client.generate([1], greedy, session_params={"id": session})
+        assert refused.value.status_code == 400
+        assert await client.health_generate()
+        assert (await client.loads())[0]["num_running_reqs"] == 0

@@ -35,12 +35,14 @@ from runtime.engine_client import (
     ModelCard,
     RequestOutput,
     RequestTimeoutError,
+    SessionParams,
 )
 from runtime.frontend.calls import Answer, Calls
 from runtime.frontend.inputs import InputProcessor
 from runtime.frontend.outbox import Outbox
 from runtime.frontend.output_processor import OutputProcessor
 from runtime.frontend.request_stream import RequestStream
+from runtime.frontend.sessions import SessionCalls, Sessions
 from runtime.frontend.steering import Steering
 from runtime.frontend.steering_calls import SteeringCalls
 from runtime.model_info import ModelInfo
@@ -65,7 +67,7 @@ from runtime.wire.transport import MessageChannel
 DIAGNOSE_TIMEOUT = 2.0
 
 
-class Engine(SteeringCalls, EngineClient):
+class Engine(SteeringCalls, SessionCalls, EngineClient):
     def __init__(
         self,
         config: EngineConfig,
@@ -88,6 +90,8 @@ class Engine(SteeringCalls, EngineClient):
         self._call_order = itertools.count()
         self._calls = Calls(self._outbox)  # pings and control messages awaiting an answer
         self.steering = Steering(self, config.model)
+        self.sessions = Sessions(config.max_sessions)
+        self._sessions_changed = trio.Event()
         self._dead: BaseException | None = None
         self._prompt_tokens = 0
         self._dispatch_seconds = 0.0
@@ -110,6 +114,7 @@ class Engine(SteeringCalls, EngineClient):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._send_loop, channel)
             nursery.start_soon(self._receive_loop, channel)
+            nursery.start_soon(self._reap_sessions)
             task_status.started()
 
     def fail(self, error: BaseException) -> None:
@@ -145,6 +150,7 @@ class Engine(SteeringCalls, EngineClient):
         *,
         rid: str | None = None,
         timeout: float | None = None,
+        session: SessionParams | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Generate from a prompt (text, or token ids); yields outputs as tokens come.
 
@@ -153,14 +159,19 @@ class Engine(SteeringCalls, EngineClient):
         """
         params = params or SamplingParams()
         token_ids = self.inputs.prompt_token_ids(prompt)
+        label = rid if rid is not None else uuid.uuid4().hex
+        turn = None
+        if session is not None:  # the prompt continues the session's history
+            bos = self.inputs.tokenizer.bos_token_id
+            token_ids, parent = self.sessions.prompt(session, label, token_ids, bos)
+            turn = (session, parent)
         max_tokens = self.inputs.max_tokens(params, len(token_ids))
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
-        label = rid if rid is not None else uuid.uuid4().hex
         self._check_label_free(label)
         order = next(self._call_order)
-        add = AddRequest(str(order), token_ids, max_tokens, params)
-        return self._run(label, add, order, timeout or math.inf)
+        add = AddRequest(str(order), token_ids, max_tokens, params, session.id if session else "")
+        return self._run(label, add, order, timeout or math.inf, turn)
 
     def abort(self, rid: str) -> None:
         request_id = self._labels.get(rid)
@@ -226,11 +237,20 @@ class Engine(SteeringCalls, EngineClient):
     # -- requests ------------------------------------------------------------------------
 
     async def _run(
-        self, label: str, add: AddRequest, order: int, time_limit: float
+        self,
+        label: str,
+        add: AddRequest,
+        order: int,
+        time_limit: float,
+        turn: tuple[SessionParams, str | None] | None,
     ) -> AsyncGenerator[RequestOutput, None]:
         self._check_alive()
         await trio.lowlevel.checkpoint_if_cancelled()  # already cancelled: queue nothing
         self._check_label_free(label)  # another request may have taken it since `generate`
+        if turn is not None:
+            self._start_turn(turn[0], label, turn[1])
+        output_ids: list[int] = []
+        finish_reason = None
         processor = OutputProcessor(label, self.inputs.tokenizer, add.prompt_token_ids, add.params)
         stream = self._streams[add.rid] = RequestStream()
         self._labels[label] = add.rid
@@ -249,6 +269,8 @@ class Engine(SteeringCalls, EngineClient):
                 started = time.perf_counter()
                 output = processor.process(tokens)
                 self._detokenize_seconds += time.perf_counter() - started
+                output_ids += output.token_ids
+                finish_reason = output.finish_reason
                 if output.finished:
                     stream.end(output.finish_reason or "stop")  # a stop string ends it here
                     self._abort_upstream(add.rid, stream)  # now, not when the reader comes back
@@ -258,6 +280,8 @@ class Engine(SteeringCalls, EngineClient):
         finally:
             del self._streams[add.rid], self._labels[label]
             self._abort_upstream(add.rid, stream)
+            if turn is not None:
+                self._end_turn(turn[0], label, turn[1], add, output_ids, finish_reason)
             if not self._streams:
                 self._no_requests.set()
 

@@ -31,12 +31,14 @@ from runtime.wire.messages import (
     JoinWeightGroup,
     LeaveWeightGroup,
     NewSeq,
+    OpenSession,
     Pause,
     Ping,
     Pong,
     Probe,
     Rejected,
     ReleaseMemory,
+    ReleaseTurns,
     Resume,
     ResumeMemory,
     SchedulerStats,
@@ -216,6 +218,15 @@ class SchedulerActor:
                         await frontend.send(ControlDone(nonce, str(exc)))
                     else:
                         self._pausing.append(nonce)
+                case OpenSession(session=session):
+                    self.pipeline.scheduler.pins.open.add(session)
+                case ReleaseTurns(session=session, rids=rids, close=close):
+                    pins = self.pipeline.scheduler.pins
+                    if close:
+                        pins.close(session)
+                    else:
+                        pins.release(session, rids)
+                    submitted = True  # freed blocks: the frontend's stats are out of date
                 case Configure(nonce=nonce, max_num_seqs=max_num_seqs):
                     if max_num_seqs < 1:
                         await frontend.send(ControlDone(nonce, "max_num_seqs must be >= 1"))
@@ -263,6 +274,7 @@ class SchedulerActor:
                 list(add.prompt_token_ids),
                 add.params,
                 max_tokens=add.max_tokens,
+                session=add.session,
             )
             self.pipeline.scheduler.add(seq)
         except ValueError as exc:

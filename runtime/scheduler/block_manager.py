@@ -125,14 +125,34 @@ class BlockManager:
 
     def free_blocks(self, seq: Sequence) -> None:
         """Release all of `seq`'s blocks (tail first) and forget its computed tokens."""
-        for block_id in reversed(seq.block_table):
+        self.release(seq.block_table)
+        seq.block_table.clear()
+        seq.num_computed_tokens = 0
+
+    def cached_prefix(self, seq: Sequence) -> list[int]:
+        """`seq`'s leading blocks that are registered in the prefix cache."""
+        blocks = []
+        for block_id in seq.block_table:
+            block = self.blocks[block_id]
+            if block.hash is None or self.cached.get(block.hash) != block_id:
+                break
+            blocks.append(block_id)
+        return blocks
+
+    def hold(self, block_ids: list[int]) -> None:
+        """One more reference on blocks some sequence holds (a session keeps them)."""
+        for block_id in block_ids:
+            self._take(self.blocks[block_id])
+
+    def release(self, block_ids: list[int]) -> None:
+        """Drop a reference on each block, tail first; unreferenced ones go to the free list,
+        still cached."""
+        for block_id in reversed(block_ids):
             block = self.blocks[block_id]
             block.ref_count -= 1
             assert block.ref_count >= 0, f"block {block_id} freed twice"
             if block.ref_count == 0:
                 self.free[block_id] = None
-        seq.block_table.clear()
-        seq.num_computed_tokens = 0
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (stale after a weight update); how many blocks held one.

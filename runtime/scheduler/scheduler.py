@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from runtime.scheduler.block_manager import BlockManager
 from runtime.scheduler.sequence import Sequence, SequenceStatus
+from runtime.scheduler.session_pins import SessionPins
 
 
 @dataclass(slots=True)
@@ -77,6 +78,7 @@ class Scheduler:
         self.held: list[Sequence] = []  # arrived during a pause
         self.pause_mode: str | None = None  # "keep" or "wait" while paused
         self.by_rid: dict[str, Sequence] = {}
+        self.pins = SessionPins(block_manager)  # KV kept for open sessions
         self._released: list[int] = []  # seq ids to report to the worker with the next step
         self.num_steps = 0
         self.num_preemptions = 0
@@ -96,6 +98,8 @@ class Scheduler:
                 f"exceeds max_model_len ({self.max_model_len})"
             )
         self.by_rid[seq.rid] = seq
+        if seq.session:
+            self.pins.touch(seq.session)
         if self.pause_mode is not None:
             seq.status = SequenceStatus.HELD
             self.held.append(seq)
@@ -141,6 +145,7 @@ class Scheduler:
             )
         for seq in self.running:
             seq.cacheable = False
+        self.pins.release_all()  # their KV is stale too
         return self.block_manager.reset_prefix_cache()
 
     @property
@@ -182,6 +187,8 @@ class Scheduler:
         """Preempt from the tail of `running` until `seq` fits; False if `seq` was preempted."""
         needed = self.block_manager.blocks_needed(seq, num_tokens)
         while not self.block_manager.can_allocate(needed):
+            if self.pins.release_oldest():  # idle sessions' KV goes before running requests'
+                continue
             victim = self.running[-1]
             self._preempt(victim, step)
             if victim is seq:
@@ -198,6 +205,8 @@ class Scheduler:
             num_tokens = min(seq.num_tokens - len(cached) * bs, budget)
             fresh = -(-(len(cached) * bs + num_tokens) // bs) - len(cached)
             if not self.block_manager.can_allocate(fresh + self.block_manager.num_revived(cached)):
+                if self.pins.release_oldest():  # no request waits on an idle session's KV
+                    continue
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.popleft()
             self.block_manager.take_prefix(seq, cached)
@@ -278,6 +287,8 @@ class Scheduler:
             self.waiting.remove(seq)
         elif seq.status is SequenceStatus.HELD:
             self.held.remove(seq)
+        if seq.session:
+            self.pins.pin(seq.session, seq)
         self.block_manager.free_blocks(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -36,6 +36,7 @@ class Sequence:
         "params",
         "rid",
         "seq_id",
+        "session",
         "status",
         "stop_token_ids",
         "token_ids",
@@ -49,6 +50,7 @@ class Sequence:
         params: SamplingParams,
         *,
         max_tokens: int,
+        session: str = "",
     ) -> None:
         if not prompt_token_ids:
             raise ValueError("a prompt needs at least one token")
@@ -56,6 +58,7 @@ class Sequence:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         self.seq_id = seq_id
         self.rid = rid
+        self.session = session  # "" if none: else its KV is kept for the session when it ends
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params

@@ -25,6 +25,7 @@ class AddRequest:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     params: SamplingParams
+    session: str = ""  # the session whose turn it is ("" if none): its KV is kept at the end
 
 
 @message(3)
@@ -343,6 +344,24 @@ class Configure:
 
     nonce: int
     max_num_seqs: int
+
+
+@message(44)
+class OpenSession:
+    """Frontend → scheduler: keep the KV of this session's turns (`AddRequest.session`) as
+    they end, until `ReleaseTurns` says otherwise."""
+
+    session: str
+
+
+@message(45)
+class ReleaseTurns:
+    """Frontend → scheduler: stop keeping the KV of these turns (by request id) of a
+    session; with `close`, of all its turns, and forget the session."""
+
+    session: str
+    rids: tuple[str, ...]
+    close: bool
 
 
 @message(32)

@@ -1,0 +1,230 @@
+"""Sessions: multi-turn conversations whose history stays in the engine between turns.
+
+SGLang's `open_session` / `session_params`. A session is a tree of turns. A turn continues an
+earlier one (by default the last that finished), so its prompt is that turn's whole history,
+prompt and output, then the new input; the scheduler keeps every finished turn's KV pinned
+(runtime/scheduler/session_pins.py), so the history is found in the prefix cache instead of
+being recomputed. What `session_params` may say:
+
+- `rid`: the turn to continue (a finished request of this session); default: the last one.
+- `offset`: keep only that turn's first `offset` history tokens (negative: drop that many
+  from its end), then append the new input: a rewind.
+- `drop_previous_output`: continue from that turn's prompt, without its output.
+- `replace`: the turns that continued from the same turn before (and theirs) are forgotten,
+  and their KV released: the new turn replaces those branches.
+
+A session holds at most MAX_TURNS finished turns (the oldest are forgotten), and a turn's
+prompt at most `capacity_of_str_len` tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from runtime.engine_client import SessionParams
+from runtime.frontend.outbox import Outbox
+from runtime.wire.messages import AddRequest, OpenSession, ReleaseTurns
+
+MAX_TURNS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    request_id: str  # the engine's id for it: the scheduler pins its KV under it
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]
+    parent: str | None  # the caller's rid of the turn it continued
+
+
+@dataclass(slots=True)
+class Session:
+    session_id: str
+    capacity: int
+    timeout: float  # idle seconds before it closes by itself (inf: never)
+    turns: dict[str, Turn] = field(default_factory=dict)  # finished turns by caller's rid
+    running: dict[str, str | None] = field(default_factory=dict)  # rid -> parent, running
+    last: str | None = None
+    idle_since: float = 0.0
+
+    def expires_at(self) -> float:
+        return math.inf if self.running else self.idle_since + self.timeout
+
+
+class Sessions:
+    def __init__(self, max_sessions: int) -> None:
+        self.max_sessions = max_sessions
+        self._sessions: dict[str, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def open(
+        self, capacity: int, session_id: str | None, timeout: float | None, now: float
+    ) -> Session:
+        if session_id is not None and session_id in self._sessions:
+            raise ValueError(f"session {session_id!r} is already open")
+        if len(self._sessions) >= self.max_sessions:
+            raise ValueError(f"{self.max_sessions} sessions are open: close one first")
+        if capacity < 1:
+            raise ValueError(f"capacity_of_str_len must be >= 1, not {capacity}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be positive, not {timeout}")
+        session_id = session_id or uuid.uuid4().hex
+        session = Session(session_id, capacity, timeout or math.inf, idle_since=now)
+        self._sessions[session_id] = session
+        return session
+
+    def get(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise ValueError(f"no open session {session_id!r}")
+        return session
+
+    def close(self, session_id: str) -> Session:
+        return self._sessions.pop(self.get(session_id).session_id)
+
+    def prompt(
+        self, params: SessionParams, rid: str, input_ids: Sequence[int], bos: int | None
+    ) -> tuple[tuple[int, ...], str | None]:
+        """The prompt of a new turn `rid`, and the turn it continues; ValueError if the
+        session cannot take it. Nothing changes until `start`."""
+        session = self.get(params.id)
+        if rid in session.turns or rid in session.running:
+            raise ValueError(f"rid {rid!r} already names a turn of session {params.id!r}")
+        parent = params.rid if params.rid is not None else session.last
+        history = self._history(session, parent, params)
+        if history and bos is not None and list(input_ids[:1]) == [bos]:
+            input_ids = input_ids[1:]  # the new input continues a text: no second BOS
+        prompt = (*history, *input_ids)
+        if not prompt:
+            raise ValueError("the turn's prompt is empty")
+        if len(prompt) > session.capacity:
+            raise ValueError(
+                f"the turn's prompt has {len(prompt)} tokens, over the session's "
+                f"capacity_of_str_len of {session.capacity}"
+            )
+        return prompt, parent
+
+    def start(self, params: SessionParams, rid: str, parent: str | None) -> list[str]:
+        """The turn runs: with `replace`, the engine ids of the turns it replaces. (A session
+        closed since `prompt` keeps nothing: the turn runs as a plain request.)"""
+        session = self._sessions.get(params.id)
+        if session is None:
+            return []
+        replaced = self._descendants(session, parent) if params.replace else []
+        session.running[rid] = parent
+        return [session.turns.pop(old).request_id for old in replaced]
+
+    def _history(self, session: Session, parent: str | None, params: SessionParams) -> list[int]:
+        if parent is None:
+            return []
+        turn = session.turns.get(parent)
+        if turn is None:
+            state = "has not finished" if parent in session.running else "is not a turn"
+            raise ValueError(f"request {parent!r} {state} of session {params.id!r}")
+        history = list(turn.prompt if params.drop_previous_output else turn.prompt + turn.output)
+        if params.offset:
+            if not -len(history) <= params.offset <= len(history):
+                raise ValueError(
+                    f"offset {params.offset} is outside the {len(history)} tokens of the "
+                    f"history of {parent!r}"
+                )
+            history = history[: params.offset]
+        return history
+
+    def _descendants(self, session: Session, parent: str | None) -> list[str]:
+        found: list[str] = []
+        frontier = {parent}
+        while frontier:
+            children = [rid for rid, t in session.turns.items() if t.parent in frontier]
+            found += children
+            frontier = set(children)
+        return found
+
+    def ended(self, session_id: str, rid: str, turn: Turn | None, now: float) -> list[str] | None:
+        """A turn ended (`turn` None if it did not finish, and is not kept); the engine ids
+        whose KV to release, or None if the session is gone."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return None
+        session.running.pop(rid, None)
+        session.idle_since = now
+        if turn is None:
+            return []
+        session.turns[rid] = turn
+        session.last = rid
+        forgotten = []
+        while len(session.turns) > MAX_TURNS:
+            oldest = next(iter(session.turns))
+            forgotten.append(session.turns.pop(oldest).request_id)
+        return forgotten
+
+    def expired(self, now: float) -> list[str]:
+        return [s.session_id for s in self._sessions.values() if s.expires_at() <= now]
+
+    def next_expiry(self) -> float:
+        return min((s.expires_at() for s in self._sessions.values()), default=math.inf)
+
+
+class SessionCalls:
+    """The engine's session calls (EngineClient's), and what its requests do for sessions."""
+
+    sessions: Sessions
+    _outbox: Outbox
+    _sessions_changed: trio.Event
+
+    def open_session(
+        self,
+        capacity_of_str_len: int,
+        session_id: str | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        session = self.sessions.open(capacity_of_str_len, session_id, timeout, trio.current_time())
+        self._outbox.send_after(OpenSession(session.session_id))  # before any of its turns
+        self._sessions_changed.set()
+        return session.session_id
+
+    def close_session(self, session_id: str) -> None:
+        self.sessions.close(session_id)
+        self._outbox.send_after(ReleaseTurns(session_id, (), True))
+
+    def _start_turn(self, params: SessionParams, rid: str, parent: str | None) -> None:
+        replaced = self.sessions.start(params, rid, parent)
+        if replaced:
+            self._outbox.send_after(ReleaseTurns(params.id, tuple(replaced), False))
+
+    def _end_turn(
+        self,
+        params: SessionParams,
+        rid: str,
+        parent: str | None,
+        add: AddRequest,
+        output: list[int],
+        finish_reason: str | None,
+    ) -> None:
+        """Keep a turn that finished ("stop", "length"); let the scheduler drop any other."""
+        kept = finish_reason in ("stop", "length")
+        turn = Turn(add.rid, add.prompt_token_ids, tuple(output), parent) if kept else None
+        released = self.sessions.ended(params.id, rid, turn, trio.current_time())
+        if released is None:
+            return  # closed meanwhile: the scheduler released everything
+        if not kept:
+            released.append(add.rid)
+        if released:
+            self._outbox.send_after(ReleaseTurns(params.id, tuple(released), False))
+        self._sessions_changed.set()
+
+    async def _reap_sessions(self) -> None:
+        """Close sessions idle past their timeout."""
+        while True:
+            with trio.move_on_at(self.sessions.next_expiry()) as waiting:
+                await self._sessions_changed.wait()
+                self._sessions_changed = trio.Event()
+            if waiting.cancelled_caught:
+                for session_id in self.sessions.expired(trio.current_time()):
+                    self.close_session(session_id)
