@@ -28,7 +28,7 @@ _PUBLIC = frozenset({"/health", "/metrics", "/openapi.json"})
 def create_app(engine: EngineClient, settings: ServerSettings) -> QuartTrio:
     app = QuartTrio(__name__)
     if settings.enable_control_api:
-        app.request_class = uploads.request_class(control_api.UPLOAD_PATHS)
+        app.request_class = uploads.request_class(control_api.UPLOAD_PATHS, settings.api_key)
     app.config.update(
         RESPONSE_TIMEOUT=None,  # never cut a long stream (Quart's default is 60 s)
         BODY_TIMEOUT=60,

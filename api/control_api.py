@@ -7,10 +7,12 @@ probes, they require the API key when one is set.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import get_args
 
+import trio
 from pydantic import BaseModel
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
@@ -36,6 +38,8 @@ Handler = Callable[[], Awaitable[Response]]
 
 
 def register(app: QuartTrio, state: ServerState) -> None:
+    uploading = trio.Lock()  # one weights upload at a time
+
     def control(rule: str, method: str = "POST") -> Callable[[Handler], Handler]:
         def wrap(handler: Handler) -> Handler:
             async def guarded() -> Response:
@@ -121,7 +125,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
                 code="invalid_body",
             )
         flush_cache = query_flag("flush_cache", default=True)
-        async with body_in_file(".safetensors") as path:
+        async with body_in_file(".safetensors", uploading) as path:
             success, message = await state.engine.update_weights_from_tensor(
                 Path(path),
                 weight_version=request.args.get("weight_version"),
@@ -144,7 +148,13 @@ def register(app: QuartTrio, state: ServerState) -> None:
 
     @control("/update_weights_from_distributed")
     async def update_weights_from_distributed() -> Response:
-        req = await state.parse(UpdateWeightsFromDistributedRequest)
+        try:
+            req = await state.parse(UpdateWeightsFromDistributedRequest)
+        except APIError as error:  # the trainer broadcasts anyway: out of step, so leave
+            name = await group_named_in_body()
+            await state.engine.destroy_weights_update_group(name)
+            error.message += f" (the weight update group {name!r} was left: init it again)"
+            raise
         success, message = await state.engine.update_weights_from_distributed(
             req.names,
             req.dtypes,
@@ -216,6 +226,16 @@ def register(app: QuartTrio, state: ServerState) -> None:
 
 MEMORY_TAGS: tuple[MemoryTag, ...] = get_args(MemoryTag)
 UPLOAD_PATHS = frozenset({"/update_weights_from_tensor"})  # bodies streamed to a file
+
+
+async def group_named_in_body() -> str:
+    """The group a refused update_weights_from_distributed named, as well as it can be read."""
+    try:
+        body = json.loads(await request.get_data())
+    except ValueError:
+        body = None
+    name = body.get("group_name") if isinstance(body, dict) else None
+    return name if isinstance(name, str) else "weight_update_group"
 
 
 def answer(success: bool, message: str) -> Response:

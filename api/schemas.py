@@ -303,6 +303,7 @@ class AbortRequest(Strict):
 
 
 MAX_UPDATE_TENSORS = 100_000  # tensors in one update: a 70B Llama has under 1,000
+MAX_DIM = 2**40  # a tensor dimension; the worker checks the real shapes
 
 
 class UpdateWeightsFromDiskRequest(Strict):
@@ -320,10 +321,16 @@ class InitWeightsUpdateGroupRequest(Strict):
 
     master_address: Annotated[str, Field(min_length=1, max_length=255)]
     master_port: Annotated[int, Field(ge=1, le=65535)]
-    rank_offset: Annotated[int, Field(ge=1)]
+    rank_offset: Annotated[int, Field(ge=1, le=65535)]
     world_size: Annotated[int, Field(ge=2, le=65536)]
     group_name: Annotated[str, Field(min_length=1, max_length=255)] = "weight_update_group"
     backend: Literal["gloo", "nccl"] | None = None
+
+    @model_validator(mode="after")
+    def _rank_in_world(self) -> InitWeightsUpdateGroupRequest:
+        if self.rank_offset >= self.world_size:
+            raise ValueError("rank_offset must be below world_size (the trainer is rank 0)")
+        return self
 
 
 class UpdateWeightsFromDistributedRequest(Strict):
@@ -332,7 +339,7 @@ class UpdateWeightsFromDistributedRequest(Strict):
     names: Annotated[list[str], Field(min_length=1, max_length=MAX_UPDATE_TENSORS)]
     dtypes: Annotated[list[str], Field(min_length=1, max_length=MAX_UPDATE_TENSORS)]
     shapes: Annotated[
-        list[Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=8)]],
+        list[Annotated[list[Annotated[int, Field(ge=0, le=MAX_DIM)]], Field(max_length=8)]],
         Field(min_length=1, max_length=MAX_UPDATE_TENSORS),
     ]
     group_name: str = "weight_update_group"

@@ -102,6 +102,8 @@ SPECS = {"names": ["a"], "dtypes": ["float32"], "shapes": [[1]]}
         ("/init_weights_update_group", GROUP | {"rank_offset": 0}, "rank_offset"),
         ("/init_weights_update_group", GROUP | {"master_port": 70000}, "master_port"),
         ("/init_weights_update_group", {"master_port": 1}, "master_address"),
+        ("/init_weights_update_group", GROUP | {"rank_offset": 2}, None),
+        ("/update_weights_from_distributed", SPECS | {"shapes": [[2**70]]}, "shapes[0][0]"),
         ("/update_weights_from_distributed", SPECS | {"shapes": [[-1]]}, "shapes[0][0]"),
         ("/update_weights_from_distributed", SPECS | {"dtypes": []}, "dtypes"),
         ("/update_weights_from_distributed", SPECS | {"names": ["a", "b"]}, None),
@@ -114,7 +116,20 @@ async def test_bad_group_requests_are_400s(
     response = await control.post(path, json=body)
     error = (await response.get_json())["error"]
     assert response.status_code == 400 and error["param"] == param, error
-    assert engine.updates == []
+    if path == "/init_weights_update_group":
+        assert engine.updates == []
+    else:  # the trainer broadcasts anyway: the group is left, not left out of step
+        assert engine.updates == [("destroy", {"group_name": "weight_update_group"})]
+        assert "was left: init it again" in error["message"]
+
+
+async def test_a_refused_update_leaves_the_group_it_names(
+    control: QuartClient, engine: FakeEngine
+) -> None:
+    body = SPECS | {"group_name": "g7", "names": ["a", "b"]}
+    response = await control.post("/update_weights_from_distributed", json=body)
+    assert response.status_code == 400
+    assert engine.updates == [("destroy", {"group_name": "g7"})]
 
 
 async def test_the_routes_are_off_unless_enabled(client: QuartClient) -> None:

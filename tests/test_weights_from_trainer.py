@@ -155,3 +155,26 @@ async def test_update_from_a_safetensors_body(
 async def restore(server: ServerProcess, llama_dir: Path) -> None:
     async with Client(server.url) as client:
         assert (await client.update_weights_from_disk(str(llama_dir)))["success"]
+
+
+async def test_an_update_refused_before_the_worker_hears_of_it_leaves_the_group(
+    server: ServerProcess, llama_dir: Path, new_weights: Path
+) -> None:
+    """Else the trainer's broadcasts for it would wait in the group, and the next update
+    would install them (found by review)."""
+    await restore(server, llama_dir)
+    checkpoint = new_weights / "model.safetensors"
+    port = free_port()
+    trainer = start_trainer(port, checkpoint, "--hold")
+    try:
+        async with Client(server.url) as client:
+            assert (await client.init_weights_update_group("127.0.0.1", port, 1, 2))["success"]
+            await client.release_memory_occupation(["weights"])
+            refused = await client.update_weights_from_distributed(**tensor_specs(checkpoint))
+            assert refused["success"] is False and "was left" in refused["message"]
+            await client.resume_memory_occupation(["weights"])
+            assert (await client.destroy_weights_update_group())["success"] is False
+    finally:
+        trainer.kill()
+        trainer.wait()
+    assert generate(server)["output_ids"] == reference(llama_dir)

@@ -111,11 +111,15 @@ class Engine(SteeringCalls, SessionCalls, EngineClient):
             raise WireError(f"expected EngineReady, got {type(ready).__name__}")
         self.ready = ready
         self._scheduler_stats = SchedulerStats.idle(ready.worker.num_kv_blocks)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._send_loop, channel)
-            nursery.start_soon(self._receive_loop, channel)
-            nursery.start_soon(self._reap_sessions)
-            task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._send_loop, channel)
+                nursery.start_soon(self._receive_loop, channel)
+                nursery.start_soon(self._reap_sessions)
+                task_status.started()
+        except BaseException as exc:  # callers waiting for an answer (shielded ones too) wake
+            self.fail(EngineDeadError(f"the engine's message loop stopped: {exc!r}"))
+            raise
 
     def fail(self, error: BaseException) -> None:
         """The engine is dead: every open request and health check ends with `error`."""

@@ -7,16 +7,19 @@ answer in order with everything else the engine sent.
 
 from __future__ import annotations
 
-import os
-import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import trio
 
-from runtime.engine_client import EngineStats, NamedTensors
+from runtime.engine_client import EngineDeadError, EngineStats, NamedTensors
+from runtime.frontend.weight_sources import (
+    announcement_problem,
+    save_safetensors,
+    temporary_file,
+)
 from runtime.wire.messages import (
     Configure,
     FlushCache,
@@ -164,9 +167,9 @@ class Steering:
             return await self.update_weights_from_file(
                 str(tensors), weight_version=weight_version, flush_cache=flush_cache
             )
-        with _temporary_file(".safetensors") as path:
+        with temporary_file(".safetensors") as path:
             try:
-                await trio.to_thread.run_sync(_save_safetensors, tensors, path)
+                await trio.to_thread.run_sync(save_safetensors, tensors, path)
             except (TypeError, ValueError, AttributeError) as exc:  # not tensors by name
                 return False, f"Failed to update weights: {type(exc).__name__}: {exc}"
             return await self.update_weights_from_file(
@@ -197,6 +200,12 @@ class Steering:
         """Join a trainer's torch.distributed world (the trainer is rank 0) as `rank_offset`;
         returns once joined. Generation, and other steering calls, go on meanwhile: a
         trainer that never comes holds nothing up (the join fails after GROUP_TIMEOUT)."""
+        if not (1 <= master_port <= 65535 and 1 <= rank_offset < world_size <= 65536):
+            return False, (
+                "Failed to init the weight update group: need 1 <= master_port <= 65535 and "
+                f"1 <= rank_offset < world_size <= 65536, got {master_port}, {rank_offset}, "
+                f"{world_size}"
+            )
         join = lambda nonce: JoinWeightGroup(  # noqa: E731
             nonce, group_name, master_address, master_port, rank_offset, world_size, backend or ""
         )
@@ -218,22 +227,48 @@ class Steering:
         abort_all_requests: bool = False,
     ) -> tuple[bool, str]:
         """Receive one broadcast per named tensor from rank 0 of the group, in order, then
-        install them all at once (see `_update`). On a failure the group is left, and must
-        be initialized again: the trainer's broadcasts and ours are out of step."""
-        message = UpdateWeightsFromGroup
-        success, answer, _ = await self._update(
-            lambda nonce: message(
+        install them all at once (see `_update`).
+
+        Any failure leaves the group, which must be initialized again: the trainer's
+        broadcasts are then out of step with ours (a later update would take this one's).
+        That includes an update refused, or abandoned by its caller, before the worker heard
+        of it.
+        """
+        problem = announcement_problem(names, dtypes, shapes)
+        delivered = False
+
+        def message(nonce: int) -> UpdateWeightsFromGroup:
+            nonlocal delivered
+            delivered = True  # queued: the worker will receive, or leave the group itself
+            return UpdateWeightsFromGroup(
                 nonce,
                 group_name,
                 tuple(names),
                 tuple(dtypes),
                 tuple([tuple(shape) for shape in shapes]),
-            ),
-            weight_version=weight_version,
-            flush_cache=flush_cache,
-            abort_all_requests=abort_all_requests,
-        )
+            )
+
+        success, answer = False, f"Failed to update weights: {problem}"
+        try:
+            if not problem:
+                success, answer, _ = await self._update(
+                    message,
+                    weight_version=weight_version,
+                    flush_cache=flush_cache,
+                    abort_all_requests=abort_all_requests,
+                )
+        finally:
+            if not delivered:
+                with trio.CancelScope(shield=True):
+                    await self.leave_weights_update_group(group_name)
+        if not delivered:
+            answer += f" (the weight update group {group_name!r} was left: init it again)"
         return success, answer
+
+    async def leave_weights_update_group(self, group_name: str) -> None:
+        """Leave a group if joined; nothing if not (or if the engine is gone)."""
+        with contextlib.suppress(ValueError, EngineDeadError):
+            await self._engine.control(lambda nonce: LeaveWeightGroup(nonce, group_name))
 
     async def destroy_weights_update_group(self, group_name: str) -> tuple[bool, str]:
         async with self._lock:
@@ -331,24 +366,6 @@ class Steering:
             if not self._released and self._paused_to_sleep:
                 self._paused_to_sleep = False
                 await self._resume()
-
-
-@contextmanager
-def _temporary_file(suffix: str) -> Iterator[str]:
-    """A fresh file only we may read (mode 0600), removed afterwards."""
-    fd, path = tempfile.mkstemp(prefix="rt-weights-", suffix=suffix)
-    os.close(fd)
-    try:
-        yield path
-    finally:
-        os.unlink(path)
-
-
-def _save_safetensors(tensors: NamedTensors, path: str) -> None:
-    from safetensors.torch import save_file  # the frontend needs torch only for this
-
-    pairs = tensors.items() if isinstance(tensors, Mapping) else tensors
-    save_file({name: tensor.detach().cpu().contiguous() for name, tensor in pairs}, path)
 
 
 def _memory_tags(tags: list[str] | None) -> tuple[str, ...]:

@@ -102,7 +102,7 @@ def install_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]
         dest = check_tensor(model, name, tensor.shape, tensor.dtype)
         if dest is not None:
             plan.append((name, dest, tensor))
-    _check_disjoint([(name, dest) for name, dest, _ in plan])
+    check_disjoint([(name, dest) for name, dest, _ in plan])
     with torch.no_grad():
         for _, dest, tensor in plan:
             dest.copy_(tensor)
@@ -129,7 +129,7 @@ def check_tensor(
     return dest
 
 
-def _check_disjoint(targets: list[tuple[str, torch.Tensor]]) -> None:
+def check_disjoint(targets: list[tuple[str, torch.Tensor]]) -> None:
     """No two names may write the same memory (a tensor twice, or a fused parameter and one
     of its slices): which one won would depend on the order."""
     spans = sorted(

@@ -23,6 +23,7 @@ from runtime.models.llama import ModelArgs
 from runtime.wire.messages import StepPlan
 from runtime.worker.loader import (
     CheckpointError,
+    check_disjoint,
     check_tensor,
     find_parameter,
     install_tensors,
@@ -159,8 +160,10 @@ class ModelRunner:
         if self.model is None:
             return "the weights are released: resume_memory_occupation first"
         try:
-            for name, dtype, shape in specs:
-                check_tensor(self.model, name, shape, dtype)
+            dests = [
+                (name, check_tensor(self.model, name, shape, dtype)) for name, dtype, shape in specs
+            ]
+            check_disjoint([(name, dest) for name, dest in dests if dest is not None])
         except CheckpointError as exc:
             return str(exc)
         return ""

@@ -18,6 +18,7 @@ holds them to the torch we pin, with a real trainer process.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
@@ -26,8 +27,8 @@ from datetime import timedelta
 import torch
 from torch import distributed as dist
 
-# How long joining, and each broadcast, may take before the call fails (the trainer is late,
-# gone, or broadcasting something else).
+# How long connecting to the trainer's store, the rendezvous, and an update's broadcasts
+# (together) may each take before the call fails: the trainer is late, gone, or sent less.
 GROUP_TIMEOUT = timedelta(seconds=300)
 BACKENDS = ("gloo", "nccl")
 
@@ -107,7 +108,14 @@ def join(
 def receive(
     group: WeightGroup, specs: list[tuple[str, torch.dtype, tuple[int, ...]]]
 ) -> list[tuple[str, torch.Tensor]]:
-    """One broadcast from rank 0 per named tensor, in order, each into a fresh tensor."""
+    """One broadcast from rank 0 per named tensor, in order, each into a fresh tensor; all of
+    them within GROUP_TIMEOUT (generation is paused meanwhile).
+
+    The trainer must send exactly what was announced. A broadcast larger than announced (a
+    float32 tensor announced as bfloat16) makes gloo abort the whole process: it cannot be
+    caught, so the announced dtypes must be the trainer's own.
+    """
+    deadline = time.monotonic() + GROUP_TIMEOUT.total_seconds()
     received = []
     for name, dtype, shape in specs:
         tensor = torch.empty(shape, dtype=dtype, device=group.device)
@@ -115,8 +123,9 @@ def receive(
         options.rootRank = 0
         options.rootTensor = 0
         try:
-            group.backend.broadcast([tensor], options).wait()  # type: ignore[attr-defined]
-        except RuntimeError as exc:  # the trainer left, or timed out
+            work = group.backend.broadcast([tensor], options)  # type: ignore[attr-defined]
+            work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+        except RuntimeError as exc:  # the trainer left, or sent less than announced in time
             raise WeightGroupError(f"receiving {name!r} failed: {exc}") from None
         received.append((name, tensor))
     return received
