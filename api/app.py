@@ -42,6 +42,11 @@ def create_app(engine: EngineClient, settings: ServerSettings) -> QuartTrio:
     control_api.register(app, state)
     operator_api.register(app, state)
     _register_errors(app)
+
+    @app.after_serving
+    async def write_last_dump() -> None:
+        state.request_log.flush()
+
     return app
 
 

@@ -7,6 +7,7 @@ probes, they require the API key when one is set.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from quart_trio import QuartTrio
 from api.errors import APIError
 from api.schemas import (
     AbortRequest,
+    ConfigureLoggingRequest,
     ContinueGenerationRequest,
     DestroyWeightsUpdateGroupRequest,
     GetWeightsByNameRequest,
@@ -214,6 +216,18 @@ def register(app: QuartTrio, state: ServerState) -> None:
     async def is_sleeping() -> Response:
         return jsonify({"is_sleeping": state.engine.is_sleeping})
 
+    @control("/configure_logging")
+    async def configure_logging() -> Response:
+        req = await state.parse(ConfigureLoggingRequest, optional=True)
+        changes = req.model_dump(exclude_none=True)
+        if changes.get("dump_requests_folder") == "":
+            changes["dump_requests_folder"] = None
+        try:
+            config = state.request_log.update(**changes)  # on the loop: dumps are appended here
+        except (ValueError, OSError) as exc:  # e.g. a folder that cannot be made
+            raise APIError(400, str(exc), code="invalid_value") from None
+        return jsonify({"success": True, **dataclasses.asdict(config)})
+
     @control("/abort_request")
     async def abort_request() -> Response:
         req = await state.parse(AbortRequest, optional=True)
@@ -281,6 +295,10 @@ BODIES: dict[str, tuple[type[BaseModel], str]] = {
     "/pause_generation": (PauseGenerationRequest, "Pause: mode abort, wait or keep (SGLang)"),
     "/continue_generation": (ContinueGenerationRequest, "Resume after a pause (SGLang)"),
     "/abort_request": (AbortRequest, "Abort a request by rid, or all (SGLang)"),
+    "/configure_logging": (
+        ConfigureLoggingRequest,
+        "Request logging (levels 0-3) and JSONL dumps for `runtime replay` (SGLang)",
+    ),
     "/get_weights_by_name": (
         GetWeightsByNameRequest,
         "The first values of a parameter, flattened, to check an update (SGLang)",

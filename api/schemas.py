@@ -366,6 +366,15 @@ class SetInternalStateRequest(Strict):
     server_args: Annotated[dict[str, Any], Field(max_length=64)]
 
 
+class ConfigureLoggingRequest(Strict):
+    """SGLang's `POST /configure_logging`: what to change; an empty dump folder stops dumps."""
+
+    log_requests: bool | None = None
+    log_requests_level: Annotated[int, Field(ge=0, le=3)] | None = None
+    dump_requests_folder: Annotated[str, Field(max_length=4096)] | None = None
+    dump_requests_threshold: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+
+
 class GetWeightsByNameRequest(Strict):
     """SGLang's `POST /get_weights_by_name`."""
 

@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
-from quart import request
+from quart import g, request
 
 from api.connections import ConnectionStats
 from api.errors import APIError, from_validation_error
 from api.metrics import Metrics
+from api.request_log import LogConfig, RequestLog
 from runtime.engine_client import EngineClient, RequestOutput, SamplingParams, SessionParams
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -35,6 +36,7 @@ class ServerSettings:
         request_timeout: seconds a request may run before it ends with a 408 error (None:
             no limit).
         enable_control_api: serve the routes that steer the engine (pause, resume...).
+        log_config: request logging and dumps at startup (api/request_log.py).
     """
 
     served_model_name: str
@@ -42,6 +44,7 @@ class ServerSettings:
     max_open_requests: int = 4096
     health_timeout: float = 5.0
     health_generate_timeout: float = 20.0  # SGLang's default
+    log_config: LogConfig = field(default_factory=LogConfig)
     request_timeout: float | None = None
     enable_control_api: bool = False
 
@@ -51,11 +54,13 @@ class ServerState:
     engine: EngineClient
     settings: ServerSettings
     metrics: Metrics = field(init=False)
+    request_log: RequestLog = field(init=False)
     connections: ConnectionStats = field(default_factory=ConnectionStats)
     draining: bool = False
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.engine, self.connections, self.settings.served_model_name)
+        self.request_log = RequestLog(self.settings.log_config)
 
     async def parse(self, model: type[Model], *, optional: bool = False) -> Model:
         """The request's JSON body as `model`, or an APIError(400) naming what is wrong. An
@@ -71,6 +76,7 @@ class ServerState:
             raise APIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
         if not isinstance(body, dict):
             raise APIError(400, "the body must be a JSON object", code="invalid_json")
+        g.body = body  # for the request log
         try:
             return model.model_validate(body)
         except ValidationError as exc:
@@ -115,13 +121,17 @@ class ServerState:
         """Validate every prompt before any is queued; a bad one is a 400 for the whole request."""
         timeout = self.settings.request_timeout
         try:
-            return [
+            streams = [
                 self.engine.generate(prompt, params, rid=rid, timeout=timeout, session=session)
                 for prompt, rid in zip(prompts, rids, strict=True)
             ]
         except ValueError as exc:
             code = "context_length_exceeded" if "context" in str(exc) else "invalid_value"
             raise APIError(400, str(exc), code=code) from None
+        if self.request_log.active:
+            entry = self.request_log.begin(request.path, g.get("body", {}), rids)
+            streams = [self.request_log.observe(s, entry, i) for i, s in enumerate(streams)]
+        return streams
 
     async def encode(self, text: str, *, param: str, add_special_tokens: bool = True) -> list[int]:
         """The text's token ids, or a 400 naming `param` (off the event loop if it is long)."""

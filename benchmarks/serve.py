@@ -15,24 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import httpx
 import trio
 
-
-@dataclass
-class RequestRecord:
-    start: float = 0.0
-    first_token: float | None = None
-    end: float = 0.0
-    chunk_times: list[float] = field(default_factory=list)
-    output_tokens: int = 0
-    error: str | None = None
+from tools.latency import RequestRecord, latency_summary, print_latency
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,47 +120,8 @@ async def benchmark(w: Workload) -> dict[str, Any]:
     return summarize(w, records, duration)
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan}
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    return {"mean": sum(ordered) / len(ordered), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
-
-
 def summarize(w: Workload, records: list[RequestRecord], duration: float) -> dict[str, Any]:
-    ok = [r for r in records if r.error is None and r.first_token is not None]
-    itl = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)]
-    tpot = [
-        (r.end - r.first_token) / (r.output_tokens - 1)  # type: ignore[operator]
-        for r in ok
-        if r.output_tokens > 1
-    ]
-    ms = 1000.0
-    return {
-        "workload": asdict(w) | {"api_key": None},
-        "duration_s": duration,
-        "completed": len(ok),
-        "errors": len(records) - len(ok),
-        "error_samples": [r.error for r in records if r.error][:5],
-        "request_throughput": len(ok) / duration,
-        "output_throughput": sum(r.output_tokens for r in ok) / duration,
-        "ttft_ms": {
-            k: v * ms
-            for k, v in percentiles(
-                [
-                    r.first_token - r.start  # type: ignore[operator]
-                    for r in ok
-                ]
-            ).items()
-        },
-        "itl_ms": {k: v * ms for k, v in percentiles(itl).items()},
-        "tpot_ms": {k: v * ms for k, v in percentiles(tpot).items()},
-        "e2e_ms": {k: v * ms for k, v in percentiles([r.end - r.start for r in ok]).items()},
-    }
+    return {"workload": asdict(w) | {"api_key": None}, **latency_summary(records, duration)}
 
 
 def print_summary(s: dict[str, Any]) -> None:
@@ -178,18 +130,7 @@ def print_summary(s: dict[str, Any]) -> None:
         f"{w['url']} model={w['model']} in={w['input_len']} out={w['output_len']} "
         f"concurrency={w['concurrency']} rate={w['request_rate']} prompts={w['num_prompts']}"
     )
-    print(
-        f"  completed {s['completed']}, errors {s['errors']} in {s['duration_s']:.1f} s: "
-        f"{s['request_throughput']:.2f} req/s, {s['output_throughput']:.0f} output tok/s"
-    )
-    for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
-        p = s[name]
-        print(
-            f"  {name:8} mean {p['mean']:8.1f}  p50 {p['p50']:8.1f}  p90 {p['p90']:8.1f}  "
-            f"p99 {p['p99']:8.1f}"
-        )
-    for sample in s["error_samples"]:
-        print(f"  error: {sample}")
+    print_latency(s)
 
 
 def main() -> None:

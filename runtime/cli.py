@@ -1,4 +1,4 @@
-"""The `runtime` command: `runtime serve` and `runtime make-model`."""
+"""The `runtime` command: `runtime serve`, `runtime replay` and `runtime make-model`."""
 
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> None:
             f"wrote {args.arch} checkpoint to {make_tiny_model(args.out_dir, args.arch, args.seed)}"
         )
         return
+    if args.command == "replay":
+        from runtime.replay import main as replay_main
+
+        sys.exit(replay_main(args.dump, args.url, args.speed, args.api_key))
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -162,6 +166,33 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
     )
+    serve.add_argument(
+        "--log-requests", action="store_true", help="log each finished request as a JSON line"
+    )
+    serve.add_argument(
+        "--log-requests-level",
+        type=int,
+        default=0,
+        choices=[0, 1, 2, 3],
+        help="0: metadata; 1: and sampling parameters; 2: and prompts and outputs cut at "
+        "2048 characters; 3: whole",
+    )
+    serve.add_argument(
+        "--dump-requests-folder", help="write every finished request to JSONL files here"
+    )
+    serve.add_argument(
+        "--dump-requests-threshold",
+        type=positive(int),
+        default=1000,
+        help="requests per dump file",
+    )
+    replay = commands.add_parser(
+        "replay", help="re-send the requests of a dump with their timing; print latencies"
+    )
+    replay.add_argument("dump", help="a dump file, or a folder of them (--dump-requests-folder)")
+    replay.add_argument("--url", default="http://127.0.0.1:8000")
+    replay.add_argument("--speed", type=positive(float), default=1.0, help="2: twice as fast")
+    replay.add_argument("--api-key", default=os.environ.get("RUNTIME_API_KEY"))
     make = commands.add_parser("make-model", help="write a tiny deterministic test checkpoint")
     make.add_argument("out_dir", type=Path)
     make.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3"])
@@ -239,6 +270,7 @@ async def serve_main(args: argparse.Namespace, config: EngineConfig) -> None:
 async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: trio.Event) -> None:
     """Start the engine, serve until `shutdown`, drain. A signal during startup cancels it."""
     from api.connections import ConnectionLimits
+    from api.request_log import LogConfig
     from api.server import serve
     from api.state import ServerSettings
     from runtime.frontend.launch import ACTOR_DEATH_GRACE, open_engine
@@ -272,6 +304,12 @@ async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: t
                 max_open_requests=args.max_open_requests,
                 request_timeout=args.request_timeout or None,
                 enable_control_api=args.enable_control_api,
+                log_config=LogConfig(
+                    log_requests=args.log_requests,
+                    log_requests_level=args.log_requests_level,
+                    dump_requests_folder=args.dump_requests_folder,
+                    dump_requests_threshold=args.dump_requests_threshold,
+                ),
             )
             # server_stopped is set once the server nursery has exited, however it exits
             async with _set_on_exit(server_stopped), trio.open_nursery() as server:
