@@ -213,6 +213,14 @@ class Client:
 
     # -- steering (the server needs --enable-control-api) --------------------------------
 
+    async def start_profile(self, output_dir: str, **options: Any) -> None:
+        """Chrome traces of each actor's steps in `output_dir` (on the server's machine);
+        options: `num_steps`, `activities` (["CPU", "GPU"]), `record_shapes`, `with_stack`."""
+        await self._request("POST", "/start_profile", {"output_dir": output_dir, **options})
+
+    async def stop_profile(self) -> None:
+        await self._request("POST", "/stop_profile", {})
+
     async def set_internal_state(self, **server_args: Any) -> None:
         """Change settings live: `max_num_seqs`."""
         await self._request("POST", "/set_internal_state", {"server_args": server_args})

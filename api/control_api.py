@@ -18,8 +18,7 @@ from pydantic import BaseModel
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
-from api.errors import APIError
-from api.schemas import (
+from api.control_schemas import (
     AbortRequest,
     ConfigureLoggingRequest,
     ContinueGenerationRequest,
@@ -30,9 +29,11 @@ from api.schemas import (
     MemoryTag,
     PauseGenerationRequest,
     PauseMode,
+    StartProfileRequest,
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDistributedRequest,
 )
+from api.errors import APIError
 from api.state import ServerState
 from api.uploads import body_in_file
 
@@ -228,6 +229,21 @@ def register(app: QuartTrio, state: ServerState) -> None:
             raise APIError(400, str(exc), code="invalid_value") from None
         return jsonify({"success": True, **dataclasses.asdict(config)})
 
+    @control("/start_profile")
+    async def start_profile() -> Response:
+        req = await state.parse(StartProfileRequest)
+        await steer(
+            state.engine.start_profile(
+                req.output_dir, req.num_steps, req.activities, req.record_shapes, req.with_stack
+            )
+        )
+        return jsonify({"success": True, "message": "Profiling started."})
+
+    @control("/stop_profile")
+    async def stop_profile() -> Response:
+        await steer(state.engine.stop_profile())
+        return jsonify({"success": True, "message": "Profiling stopped; traces written."})
+
     @control("/abort_request")
     async def abort_request() -> Response:
         req = await state.parse(AbortRequest, optional=True)
@@ -295,6 +311,10 @@ BODIES: dict[str, tuple[type[BaseModel], str]] = {
     "/pause_generation": (PauseGenerationRequest, "Pause: mode abort, wait or keep (SGLang)"),
     "/continue_generation": (ContinueGenerationRequest, "Resume after a pause (SGLang)"),
     "/abort_request": (AbortRequest, "Abort a request by rid, or all (SGLang)"),
+    "/start_profile": (
+        StartProfileRequest,
+        "Chrome traces of each actor's steps (torch.profiler in the worker) (SGLang)",
+    ),
     "/configure_logging": (
         ConfigureLoggingRequest,
         "Request logging (levels 0-3) and JSONL dumps for `runtime replay` (SGLang)",
@@ -332,6 +352,7 @@ POSTS = {
     "/reset_prefix_cache": "Drop the prefix cache (vLLM)",
     "/sleep": "Free the KV cache and the weights (vLLM)",
     "/wake_up": "Bring them back; ?tags=weights&tags=kv_cache (vLLM)",
+    "/stop_profile": "Stop profiling; answers once every trace file is written (SGLang)",
     "/update_weights_from_tensor": (
         "Install the tensors of a safetensors body (application/octet-stream), some or all of "
         "the model's; ?weight_version=&flush_cache=true|false (SGLang's route, without pickle)"

@@ -16,9 +16,9 @@ import trio
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
+from api.control_schemas import SetInternalStateRequest
 from api.errors import APIError
 from api.loads import ThroughputMeter, legacy_load, load_entry
-from api.schemas import SetInternalStateRequest
 from api.state import ServerState
 from runtime.engine_client import EngineDeadError, SamplingParams
 

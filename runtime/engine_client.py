@@ -255,6 +255,23 @@ class EngineClient(Protocol):
         """Close a session and release its KV; ValueError if it is not open."""
         ...
 
+    async def start_profile(
+        self,
+        output_dir: str,
+        num_steps: int | None = None,
+        activities: Sequence[str] = ("CPU",),
+        record_shapes: bool = False,
+        with_stack: bool = False,
+    ) -> None:
+        """Trace every actor's steps (the worker's with torch.profiler) as Chrome trace files
+        in `output_dir`, until `stop_profile` or for `num_steps` steps; ValueError if a
+        profile runs."""
+        ...
+
+    async def stop_profile(self) -> None:
+        """Stop profiling once every trace is written; ValueError if none runs."""
+        ...
+
     def server_info(self) -> dict[str, Any]:
         """The engine's settings as it runs them (JSON values): its configuration, with what
         the actors reported (KV blocks, dtype, threads) and the live `max_num_seqs`."""

@@ -45,6 +45,7 @@ class FakeEngine(EngineClient):
     updates: list[tuple[str, dict[str, object]]] = field(default_factory=list)
     max_num_seqs: int = 8
     sessions: set[str] = field(default_factory=set)
+    profiling: str | None = None
 
     @property
     def model_card(self) -> ModelCard:
@@ -215,6 +216,18 @@ class FakeEngine(EngineClient):
         if session_id not in self.sessions:
             raise ValueError(f"no open session {session_id!r}")
         self.sessions.remove(session_id)
+
+    async def start_profile(self, output_dir: str, *args: object, **kwargs: object) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.profiling is not None:
+            raise ValueError("a profile is running: stop_profile first")
+        self.profiling = output_dir
+
+    async def stop_profile(self) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.profiling is None:
+            raise ValueError("no profile is running")
+        self.profiling = None
 
     def server_info(self) -> dict[str, Any]:
         return {"model": "/fake/model", "max_num_seqs": self.max_num_seqs, "block_size": 16}

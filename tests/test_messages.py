@@ -4,6 +4,7 @@ import msgpack
 import pytest
 
 from runtime.sampling_params import SamplingParams
+from runtime.tracing import ProfileRequest
 from runtime.wire.codec import _TAG_OF, WireError, decode, encode
 from runtime.wire.messages import (
     AddRequest,
@@ -26,9 +27,11 @@ from runtime.wire.messages import (
     Resume,
     ResumeMemory,
     SchedulerStats,
+    StartProfile,
     StepOutputs,
     StepPlan,
     StepResult,
+    StopProfile,
     Submit,
     UpdateWeights,
     UpdateWeightsFromFile,
@@ -80,6 +83,9 @@ EXAMPLES = [
     Configure(16, 64),
     OpenSession("s1"),
     ReleaseTurns("s1", ("3", "4"), False),
+    StartProfile(17, ProfileRequest("/tmp/traces", 5, ("CPU",), True, False)),
+    ProfileRequest("/tmp/t", 0, ("CPU", "GPU"), False, True),
+    StopProfile(18),
     UpdateWeightsFromFile(15, "/tmp/weights.safetensors"),
     GetWeights(9, "model.embed_tokens.weight", 100),
     WeightValues(9, "", (0.5, -1.25)),

@@ -41,12 +41,14 @@ from runtime.frontend.calls import Answer, Calls
 from runtime.frontend.inputs import InputProcessor
 from runtime.frontend.outbox import Outbox
 from runtime.frontend.output_processor import OutputProcessor
+from runtime.frontend.profiling import ProfileCalls
 from runtime.frontend.request_stream import RequestStream
 from runtime.frontend.sessions import SessionCalls, Sessions
 from runtime.frontend.steering import Steering
 from runtime.frontend.steering_calls import SteeringCalls
 from runtime.model_info import ModelInfo
 from runtime.sampling_params import SamplingParams
+from runtime.tracing import PhaseTrace
 from runtime.wire.codec import WireError
 from runtime.wire.messages import (
     AddRequest,
@@ -67,7 +69,7 @@ from runtime.wire.transport import MessageChannel
 DIAGNOSE_TIMEOUT = 2.0
 
 
-class Engine(SteeringCalls, SessionCalls, EngineClient):
+class Engine(SteeringCalls, SessionCalls, ProfileCalls, EngineClient):
     def __init__(
         self,
         config: EngineConfig,
@@ -91,6 +93,7 @@ class Engine(SteeringCalls, SessionCalls, EngineClient):
         self._calls = Calls(self._outbox)  # pings and control messages awaiting an answer
         self.steering = Steering(self, config.model)
         self.sessions = Sessions(config.max_sessions)
+        self.trace = PhaseTrace("frontend")  # while profiling (start_profile)
         self._sessions_changed = trio.Event()
         self._dead: BaseException | None = None
         self._prompt_tokens = 0
@@ -345,7 +348,11 @@ class Engine(SteeringCalls, SessionCalls, EngineClient):
                 case StepOutputs():
                     started = time.perf_counter()
                     self._dispatch(msg)
-                    self._dispatch_seconds += time.perf_counter() - started
+                    ended = time.perf_counter()
+                    self._dispatch_seconds += ended - started
+                    if self.trace.on and msg.rids:
+                        self.trace.span("dispatch", started, ended, tokens=len(msg.rids))
+                        self.trace.step_done()
                 case Rejected(rid=request_id, reason=reason):
                     stream = self._streams.get(request_id)
                     if stream is not None:

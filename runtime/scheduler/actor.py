@@ -20,6 +20,7 @@ from runtime.scheduler.block_manager import BlockManager
 from runtime.scheduler.pipeline import StepPipeline
 from runtime.scheduler.scheduler import SampledToken, ScheduledStep, Scheduler
 from runtime.scheduler.sequence import Sequence
+from runtime.tracing import PhaseTrace
 from runtime.wire.codec import WireError
 from runtime.wire.messages import (
     AddRequest,
@@ -42,9 +43,11 @@ from runtime.wire.messages import (
     Resume,
     ResumeMemory,
     SchedulerStats,
+    StartProfile,
     StepOutputs,
     StepPlan,
     StepResult,
+    StopProfile,
     Submit,
     UpdateWeights,
     UpdateWeightsFromFile,
@@ -66,6 +69,7 @@ class SchedulerActor:
         self._inbox: list[object] = []
         self._pongs: list[int] = []  # the worker answered these pings: relay them
         self._pausing: list[int] = []  # nonces of Pause messages not answered yet
+        self.trace = PhaseTrace("scheduler")  # while profiling (start_profile)
         self._relay: list[ControlDone | WeightValues] = []  # the worker's answers: relayed
         self._inbox_changed = trio.Event()
         self._results_send, self._results = trio.open_memory_channel[StepResult](1)
@@ -153,7 +157,11 @@ class SchedulerActor:
             started = time.perf_counter()
             step = pipeline.schedule_next()
             plan = plan_message(step) if step is not None else None
-            self._schedule_seconds += time.perf_counter() - started
+            scheduled = time.perf_counter()
+            self._schedule_seconds += scheduled - started
+            if self.trace.on and step is not None:
+                self.trace.span("schedule", started, scheduled, step=step.step_id)
+                self.trace.step_done()
             if plan is not None:
                 await worker.send(plan)
             outputs: list[SampledToken] = []
@@ -218,6 +226,15 @@ class SchedulerActor:
                         await frontend.send(ControlDone(nonce, str(exc)))
                     else:
                         self._pausing.append(nonce)
+                case StartProfile(nonce=nonce, request=request):
+                    if self.trace.on:
+                        await frontend.send(ControlDone(nonce, "the scheduler is profiling"))
+                    else:
+                        self.trace.start(request)
+                        await worker.send(msg)  # the worker answers
+                case StopProfile():
+                    await trio.to_thread.run_sync(self.trace.stop)
+                    await worker.send(msg)  # the worker answers once its trace is written
                 case OpenSession(session=session):
                     self.pipeline.scheduler.pins.open.add(session)
                 case ReleaseTurns(session=session, rids=rids, close=close):
@@ -294,8 +311,12 @@ class SchedulerActor:
         }
         outputs = self.pipeline.retire(result.step, sampled)
         self._num_generated_tokens += len(outputs)
+        updated = time.perf_counter()
         self._wait_seconds += received - started
-        self._update_seconds += time.perf_counter() - received
+        self._update_seconds += updated - received
+        if self.trace.on:
+            self.trace.span("wait_for_worker", started, received, step=result.step)
+            self.trace.span("update", received, updated, step=result.step)
         return outputs
 
     def _outputs_message(self, outputs: list[SampledToken]) -> StepOutputs:

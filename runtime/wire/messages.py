@@ -9,9 +9,11 @@ Tags are part of the protocol between processes: never reuse or renumber one. Re
 from __future__ import annotations
 
 from runtime.sampling_params import SamplingParams
+from runtime.tracing import ProfileRequest
 from runtime.wire.codec import message, register
 
 register(1)(SamplingParams)
+register(48)(ProfileRequest)
 
 
 @message(2)
@@ -362,6 +364,22 @@ class ReleaseTurns:
     session: str
     rids: tuple[str, ...]
     close: bool
+
+
+@message(46)
+class StartProfile:
+    """Frontend → scheduler → worker: trace each actor's steps (runtime/tracing.py); the
+    worker answers `ControlDone` once recording."""
+
+    nonce: int
+    request: ProfileRequest
+
+
+@message(47)
+class StopProfile:
+    """Frontend → scheduler → worker: stop tracing; answered once every trace is written."""
+
+    nonce: int
 
 
 @message(32)

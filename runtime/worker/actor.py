@@ -21,8 +21,10 @@ from runtime.wire.messages import (
     Pong,
     ReleaseMemory,
     ResumeMemory,
+    StartProfile,
     StepPlan,
     StepResult,
+    StopProfile,
     UpdateWeights,
     UpdateWeightsFromFile,
     UpdateWeightsFromGroup,
@@ -33,6 +35,7 @@ from runtime.wire.messages import (
 from runtime.wire.transport import Channel, MessageChannel
 from runtime.worker import weight_group
 from runtime.worker.model_runner import ModelRunner, StepOutcome
+from runtime.worker.profiler import WorkerProfiler
 from runtime.worker.weight_group import WeightGroup
 
 
@@ -102,6 +105,7 @@ class WorkerActor:
         self, runner: ModelRunner, scheduler: MessageChannel, nursery: trio.Nursery
     ) -> None:
         finished = time.perf_counter()
+        profiler = WorkerProfiler(runner.device)
         while True:
             msg = await scheduler.recv()
             match msg:
@@ -111,6 +115,7 @@ class WorkerActor:
                     idle = time.perf_counter() - finished if msg.queued else 0.0
                     outcome = await self._execute(runner, msg)
                     self._count(outcome, idle)
+                    profiler.step_done()
                     await scheduler.send(
                         StepResult(
                             msg.step,
@@ -123,6 +128,11 @@ class WorkerActor:
                     finished = time.perf_counter()
                 case Ping(nonce=nonce):
                     await scheduler.send(Pong(nonce, None, self.statistics()))
+                case StartProfile(nonce=nonce, request=request):
+                    await scheduler.send(ControlDone(nonce, profiler.start(request)))
+                case StopProfile(nonce=nonce):
+                    # on the thread that started it (the export blocks while it writes)
+                    await scheduler.send(ControlDone(nonce, profiler.stop()))
                 case GetWeights(nonce=nonce, name=name, truncate_size=count):
                     error, values = runner.weight_values(name, count)
                     await scheduler.send(WeightValues(nonce, error, values))

@@ -1,0 +1,84 @@
+"""Profiling traces (`start_profile` / `stop_profile`), as Chrome trace JSON files that
+chrome://tracing and Perfetto open: one file per actor, named `<actor>-rank<N>.trace.json`.
+
+The worker records `torch.profiler`'s trace of its steps; the scheduler and the frontend record
+where each step's time went on their side (`PhaseTrace`: schedule, wait, update; dispatch).
+With `num_steps`, each actor stops by itself after that many steps of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileRequest:
+    output_dir: str
+    num_steps: int  # 0: until stop_profile
+    activities: tuple[str, ...]  # "CPU", "GPU"
+    record_shapes: bool
+    with_stack: bool
+
+
+def trace_path(output_dir: str, actor: str, rank: int = 0) -> Path:
+    return Path(output_dir) / f"{actor}-rank{rank}.trace.json"
+
+
+class PhaseTrace:
+    """Spans of an actor's own phases, kept while profiling, written as one Chrome trace."""
+
+    def __init__(self, actor: str) -> None:
+        self.actor = actor
+        self.request: ProfileRequest | None = None
+        self._events: list[dict[str, Any]] = []
+        self._steps = 0
+
+    @property
+    def on(self) -> bool:
+        return self.request is not None
+
+    def start(self, request: ProfileRequest) -> None:
+        self.request, self._events, self._steps = request, [], 0
+
+    def span(self, name: str, started: float, ended: float, **args: Any) -> None:
+        """A phase from `started` to `ended` (time.perf_counter() seconds)."""
+        if self.request is not None:
+            self._events.append(
+                {"name": name, "ph": "X", "ts": started * 1e6, "dur": (ended - started) * 1e6,
+                 "pid": self.actor, "tid": 0, "args": args}
+            )  # fmt: skip
+
+    def step_done(self) -> bool:
+        """Count a step; True (and the trace written) once `num_steps` are traced."""
+        if self.request is None:
+            return False
+        self._steps += 1
+        if self.request.num_steps and self._steps >= self.request.num_steps:
+            self.stop()
+            return True
+        return False
+
+    def stop(self) -> Path | None:
+        """Write the trace (if profiling) and stop."""
+        if self.request is None:
+            return None
+        path = trace_path(self.request.output_dir, self.actor)
+        write_trace(path, self._events)
+        self.request, self._events = None, []
+        return path
+
+
+def write_trace(path: Path, events: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.partial")
+    partial.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    partial.replace(path)  # never a half-written file under the final name
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,61 @@
+"""start_profile / stop_profile on a real server: each actor writes a Chrome trace, and the
+worker's holds the model's own ops."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from api.client import APIStatusError, Client
+from tests.server_process import ServerProcess
+
+GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def server(llama_dir: Path) -> Iterator[ServerProcess]:
+    proc = ServerProcess(llama_dir, "--enable-control-api")
+    yield proc
+    proc.terminate()
+
+
+def events(path: Path) -> list[dict]:
+    return list(json.loads(path.read_text())["traceEvents"])
+
+
+async def test_a_profile_until_stopped(server: ServerProcess, tmp_path: Path) -> None:
+    async with Client(server.url) as client:
+        await client.start_profile(str(tmp_path), record_shapes=True)
+        with pytest.raises(APIStatusError) as again:
+            await client.start_profile(str(tmp_path))
+        assert again.value.status_code == 400
+        await client.generate([5, 6, 7, 8], GREEDY)
+        await client.stop_profile()
+        with pytest.raises(APIStatusError):
+            await client.stop_profile()  # none runs
+    names = {e.get("name") for e in events(tmp_path / "worker-rank0.trace.json")}
+    assert {"aten::linear", "aten::rms_norm"} & names, sorted(n for n in names if n)[:40]
+    assert any("mm" in (n or "") for n in names)
+    phases = {e["name"] for e in events(tmp_path / "scheduler-rank0.trace.json")}
+    assert phases == {"schedule", "wait_for_worker", "update"}
+    dispatches = events(tmp_path / "frontend-rank0.trace.json")
+    assert {e["name"] for e in dispatches} == {"dispatch"} and len(dispatches) >= 8
+
+
+async def test_num_steps_stops_by_itself(server: ServerProcess, tmp_path: Path) -> None:
+    async with Client(server.url) as client:
+        await client.start_profile(str(tmp_path), num_steps=3)
+        await client.generate([5, 6, 7, 8], GREEDY)  # 8 steps
+        with trio.fail_after(30):
+            while not (tmp_path / "worker-rank0.trace.json").exists():  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        steps = [
+            e for e in events(tmp_path / "scheduler-rank0.trace.json") if e["name"] == "schedule"
+        ]
+        assert len(steps) == 3
+        await client.start_profile(str(tmp_path / "again"))  # the first one is over
+        await client.stop_profile()
