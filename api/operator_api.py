@@ -7,6 +7,7 @@ and `/model_info` when a worker registers.
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import UTC, datetime
 from importlib.metadata import version
@@ -18,7 +19,6 @@ from quart_trio import QuartTrio
 
 from api.control_schemas import SetInternalStateRequest
 from api.errors import APIError
-from api.loads import ThroughputMeter, legacy_load, load_entry
 from api.state import ServerState
 from runtime.engine_client import EngineDeadError, SamplingParams
 
@@ -26,13 +26,10 @@ LOAD_SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")  #
 
 
 def register(app: QuartTrio, state: ServerState) -> None:
-    meter = ThroughputMeter()
     server_version = version("trio-llm-runtime")
 
     def entry() -> dict[str, Any]:
-        stats = state.engine.statistics()
-        throughput = meter.rate(stats.scheduler.num_generated_tokens)
-        return load_entry(stats, state.engine.server_info()["block_size"], throughput)
+        return state.engine.get_load()
 
     @app.get("/v1/loads")
     async def loads() -> Response:
@@ -61,16 +58,8 @@ def register(app: QuartTrio, state: ServerState) -> None:
         return jsonify([legacy_load(entry())])
 
     async def server_info() -> Response:
-        load = entry()
+        internal = state.engine.get_internal_state()
         settings = state.settings
-        internal = {
-            "last_gen_throughput": load["gen_throughput"],
-            "#running": load["num_running_reqs"],
-            "#queue-req": load["num_waiting_reqs"],
-            "token_usage": load["token_usage"],
-            "memory_usage": {"token_capacity": load["max_total_num_tokens"]},
-            "effective_max_running_requests_per_dp": load["max_running_requests"],
-        }
         info = state.engine.server_info() | {
             "served_model_name": settings.served_model_name,
             "max_open_requests": settings.max_open_requests,
@@ -78,7 +67,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
             "enable_control_api": settings.enable_control_api,
             "api_key_required": settings.api_key is not None,  # never the key itself
             "status": "ready",
-            "max_total_num_tokens": load["max_total_num_tokens"],
+            "max_total_num_tokens": internal["memory_usage"]["token_capacity"],
             "internal_states": [internal],
             "version": server_version,
         }
@@ -118,3 +107,14 @@ def register(app: QuartTrio, state: ServerState) -> None:
                 raise APIError(503, f"the engine is dead: {exc}", code="unhealthy") from None
             return Response(b"", 200)
         raise APIError(503, "the engine generated nothing in time", code="unhealthy")
+
+
+def legacy_load(entry: dict[str, Any]) -> dict[str, Any]:
+    """SGLang's older `/get_load` entry (0.5.10's keys)."""
+    return {
+        "dp_rank": entry["dp_rank"],
+        "num_reqs": entry["num_total_reqs"],
+        "num_waiting_reqs": entry["num_waiting_reqs"],
+        "num_tokens": entry["num_used_tokens"] + entry["num_waiting_uncached_tokens"],
+        "ts_tic": time.perf_counter(),
+    }

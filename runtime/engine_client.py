@@ -272,6 +272,14 @@ class EngineClient(Protocol):
         """Stop profiling once every trace is written; ValueError if none runs."""
         ...
 
+    def get_load(self) -> dict[str, Any]:
+        """This engine's load, as one entry of SGLang's `/v1/loads` (what routers read)."""
+        ...
+
+    def get_internal_state(self) -> dict[str, Any]:
+        """One entry of SGLang's `internal_states`: `last_gen_throughput`, `#running`..."""
+        ...
+
     def server_info(self) -> dict[str, Any]:
         """The engine's settings as it runs them (JSON values): its configuration, with what
         the actors reported (KV blocks, dtype, threads) and the live `max_num_seqs`."""

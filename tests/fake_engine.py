@@ -24,6 +24,7 @@ from runtime.engine_client import (
     SessionParams,
     WorkerStats,
 )
+from runtime.frontend.loads import internal_state, load_entry
 
 WORDS = ["alpha ", "beta ", "gamma ", "delta ", "eps ", "zeta ", "eta ", "theta "]
 
@@ -228,6 +229,12 @@ class FakeEngine(EngineClient):
         if self.profiling is None:
             raise ValueError("no profile is running")
         self.profiling = None
+
+    def get_load(self) -> dict[str, Any]:
+        return load_entry(self.statistics(), 16, 0.0)
+
+    def get_internal_state(self) -> dict[str, Any]:
+        return internal_state(self.get_load())
 
     def server_info(self) -> dict[str, Any]:
         return {"model": "/fake/model", "max_num_seqs": self.max_num_seqs, "block_size": 16}

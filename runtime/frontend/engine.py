@@ -39,6 +39,7 @@ from runtime.engine_client import (
 )
 from runtime.frontend.calls import Answer, Calls
 from runtime.frontend.inputs import InputProcessor
+from runtime.frontend.loads import LoadReports, ThroughputMeter
 from runtime.frontend.outbox import Outbox
 from runtime.frontend.output_processor import OutputProcessor
 from runtime.frontend.profiling import ProfileCalls
@@ -69,7 +70,7 @@ from runtime.wire.transport import MessageChannel
 DIAGNOSE_TIMEOUT = 2.0
 
 
-class Engine(SteeringCalls, SessionCalls, ProfileCalls, EngineClient):
+class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClient):
     def __init__(
         self,
         config: EngineConfig,
@@ -94,6 +95,7 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, EngineClient):
         self.steering = Steering(self, config.model)
         self.sessions = Sessions(config.max_sessions)
         self.trace = PhaseTrace("frontend")  # while profiling (start_profile)
+        self._meter = ThroughputMeter()  # generated tokens per second, for get_load
         self._sessions_changed = trio.Event()
         self._dead: BaseException | None = None
         self._prompt_tokens = 0

@@ -1,4 +1,5 @@
-"""The engine's load as routers read it: SGLang's `/v1/loads` entry and legacy `/get_load`."""
+"""The engine's load as routers read it: SGLang's `/v1/loads` entry (`get_load`) and the
+`internal_states` entry of its server info (`get_internal_state`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import time
 from collections import deque
 from typing import Any
 
+from runtime.config import EngineConfig
 from runtime.engine_client import EngineStats
 
 
@@ -58,12 +60,31 @@ def load_entry(stats: EngineStats, block_size: int, throughput: float) -> dict[s
     }
 
 
-def legacy_load(entry: dict[str, Any]) -> dict[str, Any]:
-    """SGLang's older `/get_load` entry (0.5.10's keys)."""
+def internal_state(load: dict[str, Any]) -> dict[str, Any]:
+    """SGLang's `internal_states` entry, from a `load_entry`."""
     return {
-        "dp_rank": entry["dp_rank"],
-        "num_reqs": entry["num_total_reqs"],
-        "num_waiting_reqs": entry["num_waiting_reqs"],
-        "num_tokens": entry["num_used_tokens"] + entry["num_waiting_uncached_tokens"],
-        "ts_tic": time.perf_counter(),
+        "last_gen_throughput": load["gen_throughput"],
+        "#running": load["num_running_reqs"],
+        "#queue-req": load["num_waiting_reqs"],
+        "token_usage": load["token_usage"],
+        "memory_usage": {"token_capacity": load["max_total_num_tokens"]},
+        "effective_max_running_requests_per_dp": load["max_running_requests"],
     }
+
+
+class LoadReports:
+    """Mixed into the engine: `get_load` and `get_internal_state` from its statistics."""
+
+    config: EngineConfig
+    _meter: ThroughputMeter
+
+    def statistics(self) -> EngineStats:
+        raise NotImplementedError  # the engine's
+
+    def get_load(self) -> dict[str, Any]:
+        stats = self.statistics()
+        throughput = self._meter.rate(stats.scheduler.num_generated_tokens)
+        return load_entry(stats, self.config.block_size, throughput)
+
+    def get_internal_state(self) -> dict[str, Any]:
+        return internal_state(self.get_load())
