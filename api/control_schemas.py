@@ -99,7 +99,7 @@ class ConfigureLoggingRequest(Strict):
     log_requests: bool | None = None
     log_requests_level: Annotated[int, Field(ge=0, le=3)] | None = None
     dump_requests_folder: Annotated[str, Field(max_length=4096)] | None = None
-    dump_requests_threshold: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    dump_requests_threshold: Annotated[int, Field(ge=1, le=100_000)] | None = None
 
 
 Activity = Literal["CPU", "GPU"]

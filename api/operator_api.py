@@ -97,6 +97,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
         if state.draining or state.engine.is_paused:
             why = "draining" if state.draining else "paused"
             raise APIError(503, f"the server is {why}: it generates nothing", code="unhealthy")
+        state.admit()  # a probe, but not a way past --max-open-requests
         params = SamplingParams(max_tokens=1, temperature=0.0)
         rid = f"HEALTH_CHECK_{uuid.uuid4().hex}"
         with trio.move_on_after(state.settings.health_generate_timeout):

@@ -87,7 +87,7 @@ class RequestLog:
             raise ValueError("dump_requests_threshold must be at least 1")
         if config.dump_requests_folder is not None:
             Path(config.dump_requests_folder).mkdir(parents=True, exist_ok=True)
-        self.flush()
+        self.flush()  # what the old folder was waiting for
         self.config = config
 
     def update(self, **changes: Any) -> LogConfig:
@@ -134,8 +134,11 @@ class RequestLog:
         self._files += 1
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = Path(folder) / f"requests-{stamp}-{os.getpid()}-{self._files}.jsonl"
-        path.write_text("\n".join(self._dump) + "\n")
-        self._dump.clear()
+        lines, self._dump = self._dump, []
+        try:
+            path.write_text("\n".join(lines) + "\n")
+        except OSError as exc:  # a dump is never worth failing requests for: say it, go on
+            logger.error("could not write %d dumped requests to %s: %s", len(lines), path, exc)
 
 
 def at_level(record: dict[str, Any], level: int) -> dict[str, Any]:

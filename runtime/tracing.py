@@ -53,24 +53,29 @@ class PhaseTrace:
                  "pid": self.actor, "tid": 0, "args": args}
             )  # fmt: skip
 
-    def step_done(self) -> bool:
-        """Count a step; True (and the trace written) once `num_steps` are traced."""
+    def step_done(self) -> None:
+        """Count a step; once `num_steps` are traced, write the trace and stop."""
         if self.request is None:
-            return False
+            return
         self._steps += 1
         if self.request.num_steps and self._steps >= self.request.num_steps:
             self.stop()
-            return True
-        return False
 
-    def stop(self) -> Path | None:
-        """Write the trace (if profiling) and stop."""
+    def stop(self) -> str:
+        """Stop, and write the trace if profiling; "" or why it could not be written (a trace
+        is never worth stopping an actor for)."""
         if self.request is None:
-            return None
+            return ""
         path = trace_path(self.request.output_dir, self.actor)
-        write_trace(path, self._events)
+        events, self.request, self._events = self._events, None, []
+        try:
+            write_trace(path, events)
+        except OSError as exc:
+            return f"could not write {path}: {exc}"
+        return ""
+
+    def discard(self) -> None:
         self.request, self._events = None, []
-        return path
 
 
 def write_trace(path: Path, events: list[dict[str, Any]]) -> None:

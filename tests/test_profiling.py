@@ -59,3 +59,17 @@ async def test_num_steps_stops_by_itself(server: ServerProcess, tmp_path: Path) 
         assert len(steps) == 3
         await client.start_profile(str(tmp_path / "again"))  # the first one is over
         await client.stop_profile()
+
+
+async def test_a_trace_that_cannot_be_written_stops_nothing(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    (tmp_path / "frontend-rank0.trace.json").mkdir()  # in the way of the frontend's trace
+    async with Client(server.url) as client:
+        await client.start_profile(str(tmp_path))
+        await client.generate([5, 6, 7, 8], GREEDY)
+        with pytest.raises(APIStatusError) as refused:
+            await client.stop_profile()
+        assert "could not write" in refused.value.message
+        assert len((await client.generate([5, 6], GREEDY))["output_ids"]) == 8
+    assert (tmp_path / "worker-rank0.trace.json").exists()

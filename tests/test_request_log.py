@@ -89,3 +89,18 @@ async def test_configure_logging(
     async with create_app(engine, ServerSettings(served_model_name=MODEL)).test_app() as test_app:
         off = await test_app.test_client().post("/configure_logging", json=change)
         assert off.status_code == 404
+
+
+async def test_a_dump_that_cannot_be_written_fails_no_request(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, engine: FakeEngine
+) -> None:
+    folder = tmp_path / "dumps"
+    app = create_app(engine, settings(dump_requests_folder=str(folder), dump_requests_threshold=1))
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        folder.rmdir()  # found by review: every request then failed, and shutdown too
+        assert (await client.post("/v1/completions", json=BODY, headers=AUTH)).status_code == 200
+        assert "could not write 1 dumped requests" in caplog.text
+        stop = {"dump_requests_folder": ""}
+        response = await client.post("/configure_logging", json=stop, headers=AUTH)
+        assert response.status_code == 200

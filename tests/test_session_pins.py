@@ -81,3 +81,33 @@ def test_released_turns_go_and_others_stay() -> None:
     h.sched.pins.release("s", ("t1", "nope"))
     assert h.sched.pins.num_pinned_turns == 1
     assert h.bm.num_free_blocks == 32 - 6  # t2's 6 full blocks, t1's 5 among them
+
+
+def test_a_rid_used_twice_keeps_one_pin() -> None:
+    """The scheduler takes any request id: pinning a turn's rid again releases the old pin."""
+    h = CoreHarness(num_blocks=32, block_size=4)
+    h.sched.pins.open.add("s")
+    finished_turn(h)
+    finished_turn(h)  # "t1" again
+    assert h.sched.pins.num_pinned_turns == 1
+    h.sched.pins.close("s")
+    assert h.bm.num_free_blocks == 32
+
+
+def test_a_pinned_block_keeps_its_cache_entry() -> None:
+    """A session's turn and another request compute the same blocks in one step; the session's
+    pinned copies must stay the ones the cache finds (a review found the other request's copy
+    taking the entry, and the session's next turn then missed its history)."""
+    h = CoreHarness(num_blocks=12, block_size=4)
+    h.sched.pins.open.add("s")
+    prompt = list(range(1, 10))
+    h.add("a", prompt, max_tokens=1, session="s")
+    h.add("b", prompt, max_tokens=1)
+    h.run_until_idle()
+    history = prompt + [t.token_id for t in h.outputs["a"]]
+    for i in range(6):  # churn through every free block
+        h.add(f"churn{i}", [20 + i] * 9, max_tokens=1)
+        h.run_until_idle()
+    h.add("a2", [*history, 40], max_tokens=1, session="s")
+    h.run_until_idle()
+    assert h.outputs["a2"][0].num_cached_tokens == 8

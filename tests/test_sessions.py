@@ -149,3 +149,34 @@ async def test_a_preempted_turn_keeps_its_history(engine: Engine) -> None:
     assert stats.scheduler.num_preemptions > 0
     fresh = await collect(engine, FIRST + first["tokens"] + SECOND, long)
     assert results["t2"]["tokens"] == fresh["tokens"]
+
+
+async def test_a_session_reopened_under_its_id_shares_nothing(engine: Engine) -> None:
+    """A turn that was running when its session closed must not land in a new session of the
+    same id (found by review: it became the new session's history)."""
+    engine.open_session(4096, session_id="chat")
+    long = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    outputs = engine.generate(FIRST, long, rid="old", session=SessionParams("chat"))
+    async for out in outputs:
+        if out.token_ids and "old" in engine.sessions.get("chat").running:
+            engine.close_session("chat")
+            engine.open_session(4096, session_id="chat")
+    new = await turn(engine, [9], SessionParams("chat"), "new")
+    assert new["tokens"] == (await collect(engine, [9], GREEDY))["tokens"]
+    engine.close_session("chat")
+    await engine.fetch_statistics()
+    stats = engine.statistics().scheduler
+    assert stats.num_free_blocks == stats.num_total_blocks
+
+
+async def test_a_replacing_turn_that_fails_leaves_a_usable_session(engine: Engine) -> None:
+    sid = engine.open_session(4096)
+    await turn(engine, FIRST, SessionParams(sid), "t1")
+    await turn(engine, SECOND, SessionParams(sid), "t2")
+    with trio.CancelScope() as scope:  # replaces t2, then its client leaves
+        async for _ in engine.generate(
+            [70], GREEDY, rid="t3", session=SessionParams(sid, rid="t1", replace=True)
+        ):
+            scope.cancel()
+    after = await turn(engine, [71], SessionParams(sid), "t4")  # continues t1, t2 is gone
+    assert after["num_cached_tokens"] > 0

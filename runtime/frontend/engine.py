@@ -44,7 +44,7 @@ from runtime.frontend.outbox import Outbox
 from runtime.frontend.output_processor import OutputProcessor
 from runtime.frontend.profiling import ProfileCalls
 from runtime.frontend.request_stream import RequestStream
-from runtime.frontend.sessions import SessionCalls, Sessions
+from runtime.frontend.sessions import SessionCalls, Sessions, SessionTurn
 from runtime.frontend.steering import Steering
 from runtime.frontend.steering_calls import SteeringCalls
 from runtime.model_info import ModelInfo
@@ -172,14 +172,15 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
         turn = None
         if session is not None:  # the prompt continues the session's history
             bos = self.inputs.tokenizer.bos_token_id
-            token_ids, parent = self.sessions.prompt(session, label, token_ids, bos)
-            turn = (session, parent)
+            token_ids, opened, parent = self.sessions.prompt(session, label, token_ids, bos)
+            turn = (opened, session, parent)
         max_tokens = self.inputs.max_tokens(params, len(token_ids))
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         self._check_label_free(label)
         order = next(self._call_order)
-        add = AddRequest(str(order), token_ids, max_tokens, params, session.id if session else "")
+        key = turn[0].key if turn is not None else ""
+        add = AddRequest(str(order), token_ids, max_tokens, params, key)
         return self._run(label, add, order, timeout or math.inf, turn)
 
     def abort(self, rid: str) -> None:
@@ -251,13 +252,13 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
         add: AddRequest,
         order: int,
         time_limit: float,
-        turn: tuple[SessionParams, str | None] | None,
+        turn: SessionTurn | None,
     ) -> AsyncGenerator[RequestOutput, None]:
         self._check_alive()
         await trio.lowlevel.checkpoint_if_cancelled()  # already cancelled: queue nothing
         self._check_label_free(label)  # another request may have taken it since `generate`
         if turn is not None:
-            self._start_turn(turn[0], label, turn[1])
+            self._start_turn(turn, label)
         output_ids: list[int] = []
         finish_reason = None
         processor = OutputProcessor(label, self.inputs.tokenizer, add.prompt_token_ids, add.params)
@@ -290,7 +291,7 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
             del self._streams[add.rid], self._labels[label]
             self._abort_upstream(add.rid, stream)
             if turn is not None:
-                self._end_turn(turn[0], label, turn[1], add, output_ids, finish_reason)
+                self._end_turn(turn, label, add, output_ids, finish_reason)
             if not self._streams:
                 self._no_requests.set()
 

@@ -3,6 +3,7 @@ Chrome trace file (runtime/tracing.py), the worker with `torch.profiler`."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import trio
@@ -51,14 +52,24 @@ class ProfileCalls:
         request = ProfileRequest(
             output_dir, num_steps or 0, tuple(activities), record_shapes, with_stack
         )
-        await self.control(lambda nonce: StartProfile(nonce, request))
         self._profiling = request
         self.trace.start(request)
+        with trio.CancelScope(shield=True):  # the actors start whether the caller waits or not
+            try:
+                await self.control(lambda nonce: StartProfile(nonce, request))
+            except ValueError:  # an actor refused: every actor stops again
+                self._profiling = None
+                self.trace.discard()
+                with contextlib.suppress(ValueError):
+                    await self.control(StopProfile)
+                raise
 
     async def stop_profile(self) -> None:
         """Stop profiling; once it returns, every actor's trace file is written."""
         if not self.is_profiling:
             raise ValueError("no profile is running")
         self._profiling = None
-        self.trace.stop()
-        await self.control(StopProfile)
+        problem = self.trace.stop()
+        await self.control(StopProfile)  # ValueError if an actor could not write its trace
+        if problem:
+            raise ValueError(problem)

@@ -13,14 +13,19 @@ being recomputed. What `session_params` may say:
 - `replace`: the turns that continued from the same turn before (and theirs) are forgotten,
   and their KV released: the new turn replaces those branches.
 
-A session holds at most MAX_TURNS finished turns (the oldest are forgotten), and a turn's
-prompt at most `capacity_of_str_len` tokens.
+A session holds at most MAX_TURNS finished turns, all sessions together at most
+MAX_STORED_TOKENS tokens of history (a session's oldest turns are forgotten first; a turn that
+still does not fit is not kept), and a turn's prompt at most `capacity_of_str_len` tokens.
+Each opening of a session has its own key for the scheduler, so a session closed and opened
+again under the same id shares nothing with its old self, not even a turn that was running.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import uuid
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -31,19 +36,21 @@ from runtime.frontend.outbox import Outbox
 from runtime.wire.messages import AddRequest, OpenSession, ReleaseTurns
 
 MAX_TURNS = 256
+MAX_STORED_TOKENS = 2**24  # of all sessions' histories: 128 MiB as 8-byte integers
 
 
 @dataclass(frozen=True, slots=True)
 class Turn:
     request_id: str  # the engine's id for it: the scheduler pins its KV under it
-    prompt: tuple[int, ...]
-    output: tuple[int, ...]
+    history: array[int]  # prompt, then output
+    prompt_len: int
     parent: str | None  # the caller's rid of the turn it continued
 
 
 @dataclass(slots=True)
 class Session:
     session_id: str
+    key: str  # this opening's, for the scheduler
     capacity: int
     timeout: float  # idle seconds before it closes by itself (inf: never)
     turns: dict[str, Turn] = field(default_factory=dict)  # finished turns by caller's rid
@@ -59,6 +66,8 @@ class Sessions:
     def __init__(self, max_sessions: int) -> None:
         self.max_sessions = max_sessions
         self._sessions: dict[str, Session] = {}
+        self._openings = itertools.count()
+        self.stored_tokens = 0
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -75,7 +84,8 @@ class Sessions:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be positive, not {timeout}")
         session_id = session_id or uuid.uuid4().hex
-        session = Session(session_id, capacity, timeout or math.inf, idle_since=now)
+        key = f"{session_id}#{next(self._openings)}"
+        session = Session(session_id, key, capacity, timeout or math.inf, idle_since=now)
         self._sessions[session_id] = session
         return session
 
@@ -86,13 +96,18 @@ class Sessions:
         return session
 
     def close(self, session_id: str) -> Session:
-        return self._sessions.pop(self.get(session_id).session_id)
+        session = self._sessions.pop(self.get(session_id).session_id)
+        self.stored_tokens -= sum(len(t.history) for t in session.turns.values())
+        return session
+
+    def is_open(self, session: Session) -> bool:
+        return self._sessions.get(session.session_id) is session
 
     def prompt(
         self, params: SessionParams, rid: str, input_ids: Sequence[int], bos: int | None
-    ) -> tuple[tuple[int, ...], str | None]:
-        """The prompt of a new turn `rid`, and the turn it continues; ValueError if the
-        session cannot take it. Nothing changes until `start`."""
+    ) -> tuple[tuple[int, ...], Session, str | None]:
+        """The prompt of a new turn `rid`, its session, and the turn it continues; ValueError
+        if the session cannot take it. Nothing changes until `start`."""
         session = self.get(params.id)
         if rid in session.turns or rid in session.running:
             raise ValueError(f"rid {rid!r} already names a turn of session {params.id!r}")
@@ -108,17 +123,26 @@ class Sessions:
                 f"the turn's prompt has {len(prompt)} tokens, over the session's "
                 f"capacity_of_str_len of {session.capacity}"
             )
-        return prompt, parent
+        return prompt, session, parent
 
-    def start(self, params: SessionParams, rid: str, parent: str | None) -> list[str]:
+    def start(
+        self, session: Session, params: SessionParams, rid: str, parent: str | None
+    ) -> list[str]:
         """The turn runs: with `replace`, the engine ids of the turns it replaces. (A session
         closed since `prompt` keeps nothing: the turn runs as a plain request.)"""
-        session = self._sessions.get(params.id)
-        if session is None:
+        if not self.is_open(session):
             return []
         replaced = self._descendants(session, parent) if params.replace else []
         session.running[rid] = parent
-        return [session.turns.pop(old).request_id for old in replaced]
+        if session.last in replaced:
+            session.last = parent
+        return [self._forget(session, old) for old in replaced]
+
+    def _forget(self, session: Session, rid: str) -> str:
+        """Drop a finished turn; the engine id whose KV to release."""
+        turn = session.turns.pop(rid)
+        self.stored_tokens -= len(turn.history)
+        return turn.request_id
 
     def _history(self, session: Session, parent: str | None, params: SessionParams) -> list[int]:
         if parent is None:
@@ -127,7 +151,8 @@ class Sessions:
         if turn is None:
             state = "has not finished" if parent in session.running else "is not a turn"
             raise ValueError(f"request {parent!r} {state} of session {params.id!r}")
-        history = list(turn.prompt if params.drop_previous_output else turn.prompt + turn.output)
+        kept = turn.prompt_len if params.drop_previous_output else len(turn.history)
+        history = turn.history[:kept].tolist()
         if params.offset:
             if not -len(history) <= params.offset <= len(history):
                 raise ValueError(
@@ -146,22 +171,29 @@ class Sessions:
             frontier = set(children)
         return found
 
-    def ended(self, session_id: str, rid: str, turn: Turn | None, now: float) -> list[str] | None:
-        """A turn ended (`turn` None if it did not finish, and is not kept); the engine ids
-        whose KV to release, or None if the session is gone."""
-        session = self._sessions.get(session_id)
-        if session is None:
+    def ended(self, session: Session, rid: str, turn: Turn | None, now: float) -> list[str] | None:
+        """A turn ended (`turn` None if it did not finish); the engine ids whose KV to
+        release (its own, if it is not kept), or None if the session is gone."""
+        if not self.is_open(session):
             return None
         session.running.pop(rid, None)
         session.idle_since = now
         if turn is None:
             return []
-        session.turns[rid] = turn
-        session.last = rid
         forgotten = []
-        while len(session.turns) > MAX_TURNS:
+        size = len(turn.history)
+        while session.turns and (
+            len(session.turns) >= MAX_TURNS or self.stored_tokens + size > MAX_STORED_TOKENS
+        ):
             oldest = next(iter(session.turns))
-            forgotten.append(session.turns.pop(oldest).request_id)
+            if session.last == oldest:
+                session.last = None
+            forgotten.append(self._forget(session, oldest))
+        if self.stored_tokens + size > MAX_STORED_TOKENS:
+            return [*forgotten, turn.request_id]  # no room even alone: not kept
+        session.turns[rid] = turn
+        self.stored_tokens += size
+        session.last = rid
         return forgotten
 
     def expired(self, now: float) -> list[str]:
@@ -169,6 +201,9 @@ class Sessions:
 
     def next_expiry(self) -> float:
         return min((s.expires_at() for s in self._sessions.values()), default=math.inf)
+
+
+SessionTurn = tuple[Session, SessionParams, "str | None"]  # a request's session, and parent
 
 
 class SessionCalls:
@@ -185,38 +220,41 @@ class SessionCalls:
         timeout: float | None = None,
     ) -> str:
         session = self.sessions.open(capacity_of_str_len, session_id, timeout, trio.current_time())
-        self._outbox.send_after(OpenSession(session.session_id))  # before any of its turns
+        self._outbox.send_after(OpenSession(session.key))  # before any of its turns
         self._sessions_changed.set()
         return session.session_id
 
     def close_session(self, session_id: str) -> None:
-        self.sessions.close(session_id)
-        self._outbox.send_after(ReleaseTurns(session_id, (), True))
+        session = self.sessions.close(session_id)
+        self._outbox.send_after(ReleaseTurns(session.key, (), True))
 
-    def _start_turn(self, params: SessionParams, rid: str, parent: str | None) -> None:
-        replaced = self.sessions.start(params, rid, parent)
+    def _start_turn(self, turn: SessionTurn, rid: str) -> None:
+        session, params, parent = turn
+        replaced = self.sessions.start(session, params, rid, parent)
         if replaced:
-            self._outbox.send_after(ReleaseTurns(params.id, tuple(replaced), False))
+            self._outbox.send_after(ReleaseTurns(session.key, tuple(replaced), False))
 
     def _end_turn(
         self,
-        params: SessionParams,
+        turn: SessionTurn,
         rid: str,
-        parent: str | None,
         add: AddRequest,
         output: list[int],
         finish_reason: str | None,
     ) -> None:
         """Keep a turn that finished ("stop", "length"); let the scheduler drop any other."""
-        kept = finish_reason in ("stop", "length")
-        turn = Turn(add.rid, add.prompt_token_ids, tuple(output), parent) if kept else None
-        released = self.sessions.ended(params.id, rid, turn, trio.current_time())
+        session, _, parent = turn
+        kept = None
+        if finish_reason in ("stop", "length"):
+            history = array("q", (*add.prompt_token_ids, *output))
+            kept = Turn(add.rid, history, len(add.prompt_token_ids), parent)
+        released = self.sessions.ended(session, rid, kept, trio.current_time())
         if released is None:
             return  # closed meanwhile: the scheduler released everything
-        if not kept:
+        if kept is None:
             released.append(add.rid)
         if released:
-            self._outbox.send_after(ReleaseTurns(params.id, tuple(released), False))
+            self._outbox.send_after(ReleaseTurns(session.key, tuple(released), False))
         self._sessions_changed.set()
 
     async def _reap_sessions(self) -> None:

@@ -233,7 +233,7 @@ class SchedulerActor:
                         self.trace.start(request)
                         await worker.send(msg)  # the worker answers
                 case StopProfile():
-                    await trio.to_thread.run_sync(self.trace.stop)
+                    self.trace.stop()  # here, not in a thread: a step may stop it meanwhile
                     await worker.send(msg)  # the worker answers once its trace is written
                 case OpenSession(session=session):
                     self.pipeline.scheduler.pins.open.add(session)

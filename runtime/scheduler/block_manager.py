@@ -120,7 +120,11 @@ class BlockManager:
                 start = i * self.block_size
                 block.token_ids = tuple(seq.token_ids[start : start + self.block_size])
                 block.hash = block_digest(parent, block.token_ids)
-                self.cached[block.hash] = block.block_id
+                held = self.cached.get(block.hash)
+                # two sequences computed the same block: the one in use keeps the entry (a
+                # session may have pinned it), a free copy gives it up
+                if held is None or self.blocks[held].ref_count == 0:
+                    self.cached[block.hash] = block.block_id
             parent = block.hash
 
     def free_blocks(self, seq: Sequence) -> None:

@@ -41,9 +41,10 @@ class WorkerProfiler:
             self.stop()
 
     def stop(self) -> str:
-        """Stop recording and write the trace; "" or why not."""
+        """Stop recording and write the trace; "" or why it could not be written. Stopping
+        when not recording (`num_steps` ran out) is fine."""
         if self._profile is None or self._request is None:
-            return "the worker is not profiling"
+            return ""
         prof, request = self._profile, self._request
         self._profile = self._request = None
         prof.stop()
