@@ -29,6 +29,7 @@ from api.control_schemas import (
     MemoryTag,
     PauseGenerationRequest,
     PauseMode,
+    SetInternalStateRequest,
     StartProfileRequest,
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDistributedRequest,
@@ -311,6 +312,10 @@ BODIES: dict[str, tuple[type[BaseModel], str]] = {
     "/pause_generation": (PauseGenerationRequest, "Pause: mode abort, wait or keep (SGLang)"),
     "/continue_generation": (ContinueGenerationRequest, "Resume after a pause (SGLang)"),
     "/abort_request": (AbortRequest, "Abort a request by rid, or all (SGLang)"),
+    "/set_internal_state": (
+        SetInternalStateRequest,
+        "Change max_num_seqs (max_running_requests) live; answers [true] (SGLang)",
+    ),
     "/start_profile": (
         StartProfileRequest,
         "Chrome traces of each actor's steps (torch.profiler in the worker) (SGLang)",

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from api.schemas import Strict
+from runtime.engine_client import MAX_TENSOR_DIM
 
 PauseMode = Literal["abort", "wait", "keep"]
 
@@ -30,7 +31,6 @@ class AbortRequest(Strict):
 
 
 MAX_UPDATE_TENSORS = 100_000  # tensors in one update: a 70B Llama has under 1,000
-MAX_DIM = 2**40  # a tensor dimension; the worker checks the real shapes
 
 
 class UpdateWeightsFromDiskRequest(Strict):
@@ -66,7 +66,7 @@ class UpdateWeightsFromDistributedRequest(Strict):
     names: Annotated[list[str], Field(min_length=1, max_length=MAX_UPDATE_TENSORS)]
     dtypes: Annotated[list[str], Field(min_length=1, max_length=MAX_UPDATE_TENSORS)]
     shapes: Annotated[
-        list[Annotated[list[Annotated[int, Field(ge=0, le=MAX_DIM)]], Field(max_length=8)]],
+        list[Annotated[list[Annotated[int, Field(ge=0, le=MAX_TENSOR_DIM)]], Field(max_length=8)]],
         Field(min_length=1, max_length=MAX_UPDATE_TENSORS),
     ]
     group_name: str = "weight_update_group"

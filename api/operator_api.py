@@ -28,9 +28,6 @@ LOAD_SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")  #
 def register(app: QuartTrio, state: ServerState) -> None:
     server_version = version("trio-llm-runtime")
 
-    def entry() -> dict[str, Any]:
-        return state.engine.get_load()
-
     @app.get("/v1/loads")
     async def loads() -> Response:
         unknown = set(request.args.get("include", "all").split(",")) - set(LOAD_SECTIONS)
@@ -41,7 +38,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
                 param="include",
                 code="invalid_value",
             )
-        ranks = [entry()]  # one scheduler: data parallelism is issue 13
+        ranks = [state.engine.get_load()]  # one scheduler: data parallelism is issue 13
         wanted = request.args.get("dp_rank")
         if wanted is not None:
             ranks = [load for load in ranks if str(load["dp_rank"]) == wanted]
@@ -55,7 +52,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
 
     @app.get("/get_load")
     async def get_load() -> Response:
-        return jsonify([legacy_load(entry())])
+        return jsonify([legacy_load(state.engine.get_load())])
 
     async def server_info() -> Response:
         internal = state.engine.get_internal_state()

@@ -15,11 +15,16 @@ from typing import Any, Protocol, TypeAlias
 from runtime.sampling_params import SamplingParams
 from runtime.wire.messages import SchedulerStats, WorkerStats
 
+# The largest tensor dimension update_weights_from_distributed may announce: msgpack carries
+# at most 64-bit integers, and the worker checks the real shapes.
+MAX_TENSOR_DIM = 2**40
+
 # Tensors by name, as a trainer holds them (torch tensors; typed loosely so that `api/` need
 # not import torch).
 NamedTensors: TypeAlias = Mapping[str, Any] | Sequence[tuple[str, Any]]
 
 __all__ = [
+    "MAX_TENSOR_DIM",
     "EngineClient",
     "EngineDeadError",
     "EngineStats",

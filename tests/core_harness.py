@@ -147,6 +147,8 @@ class CoreHarness:
             assert seq.status is SequenceStatus.HELD and not seq.block_table
             assert sched.pause_mode is not None
         assert len(sched.running) <= sched.max_num_seqs
+        queued = [*sched.waiting, *sched.held]
+        assert sched.queued_tokens == sum(s.num_tokens - s.num_computed_tokens for s in queued)
         assert set(sched.by_rid) == {s.rid for s in live + sched.held}
         if self.pipeline.idle and sched.pause_mode != "keep":
             assert bm.num_free_blocks == bm.num_blocks - len(set(pinned))

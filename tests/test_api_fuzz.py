@@ -40,6 +40,20 @@ ROUTES = [
     ("POST", "/sleep"),
     ("POST", "/wake_up"),
     ("GET", "/is_sleeping"),
+    ("POST", "/update_weights_from_tensor"),
+    ("POST", "/init_weights_update_group"),
+    ("POST", "/update_weights_from_distributed"),
+    ("POST", "/destroy_weights_update_group"),
+    ("POST", "/set_internal_state"),
+    ("POST", "/start_profile"),
+    ("POST", "/stop_profile"),
+    # operators' and sessions' routes (/configure_logging is left out: it makes folders)
+    ("GET", "/v1/loads"),
+    ("GET", "/get_load"),
+    ("GET", "/get_server_info"),
+    ("GET", "/health_generate"),
+    ("POST", "/open_session"),
+    ("POST", "/close_session"),
 ]
 
 json_values = st.recursive(
@@ -49,7 +63,10 @@ json_values = st.recursive(
 )
 FIELDS = [
     "mode", "model_path", "weight_version", "flush_cache", "abort_all_requests", "tags", "name",
-    "truncate_size", "rid", "abort_all",
+    "truncate_size", "rid", "abort_all", "master_address", "master_port", "rank_offset",
+    "world_size", "group_name", "backend", "names", "dtypes", "shapes", "server_args",
+    "output_dir", "num_steps", "activities", "capacity_of_str_len", "session_id", "timeout",
+    "session_params",
     "prompt", "messages", "text", "input_ids", "tokens", "max_tokens", "max_completion_tokens",
     "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "seed", "ignore_eos",
     "stream", "stream_options", "n", "logprobs", "sampling_params", "rid", "add_special_tokens",

@@ -133,3 +133,32 @@ async def test_sessions_open_close_and_continue(client: QuartClient, engine: Fak
     assert gone.status_code == 400
     bad = await client.post("/open_session", json={"capacity_of_str_len": 0})
     assert (await bad.get_json())["error"]["param"] == "capacity_of_str_len"
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/loads"),
+        ("GET", "/get_load"),
+        ("GET", "/get_server_info"),
+        ("GET", "/server_info"),
+        ("GET", "/health_generate"),
+        ("GET", "/model_info"),
+        ("POST", "/set_internal_state"),
+        ("POST", "/open_session"),
+        ("POST", "/close_session"),
+        ("POST", "/configure_logging"),
+        ("POST", "/start_profile"),
+        ("POST", "/stop_profile"),
+        ("POST", "/update_weights_from_tensor"),
+        ("POST", "/init_weights_update_group"),
+        ("POST", "/update_weights_from_distributed"),
+        ("POST", "/destroy_weights_update_group"),
+    ],
+)
+async def test_every_new_route_needs_the_api_key(
+    control: QuartClient, engine: FakeEngine, method: str, path: str
+) -> None:
+    response = await control.open(path, method=method, data=b"{}")
+    assert response.status_code == 401
+    assert engine.updates == [] and engine.sessions == set() and engine.requests == []

@@ -7,7 +7,9 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -53,9 +55,16 @@ def tensor_specs(checkpoint: Path) -> dict[str, list]:
     return {"names": names, "dtypes": dtypes, "shapes": shapes}
 
 
-def start_trainer(port: int, checkpoint: Path, *flags: str) -> subprocess.Popen[str]:
+@contextmanager
+def trainer_process(port: int, checkpoint: Path, *flags: str) -> Iterator[subprocess.Popen[str]]:
+    """tools/plain_trainer.py, reaped however the test ends."""
     command = [sys.executable, "-m", "tools.plain_trainer", str(port), str(checkpoint), *flags]
-    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    trainer = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        yield trainer
+    finally:
+        trainer.kill()
+        trainer.wait()
 
 
 async def test_update_from_a_plain_torch_trainer(
@@ -64,8 +73,7 @@ async def test_update_from_a_plain_torch_trainer(
     assert generate(server)["output_ids"] == reference(llama_dir)
     checkpoint = new_weights / "model.safetensors"
     port = free_port()
-    trainer = start_trainer(port, checkpoint)
-    try:
+    with trainer_process(port, checkpoint) as trainer:
         async with Client(server.url) as client:
             joined = await client.init_weights_update_group("127.0.0.1", port, 1, 2, "g")
             assert joined["success"] is True, joined
@@ -79,8 +87,6 @@ async def test_update_from_a_plain_torch_trainer(
             gone = await client.destroy_weights_update_group("g")
             assert gone["success"] is False
         assert trainer.wait(timeout=60) == 0
-    finally:
-        trainer.kill()
     pushed = generate(server)
     assert pushed["output_ids"] == reference(new_weights)
     assert pushed["meta_info"]["weight_version"] == "step-1"
@@ -95,8 +101,7 @@ async def test_a_bad_announcement_changes_nothing_and_leaves_the_group(
     await restore(server, llama_dir)
     checkpoint = new_weights / "model.safetensors"
     port = free_port()
-    trainer = start_trainer(port, checkpoint, "--hold")
-    try:
+    with trainer_process(port, checkpoint, "--hold"):
         async with Client(server.url) as client:
             assert (await client.init_weights_update_group("127.0.0.1", port, 1, 2))["success"]
             specs = tensor_specs(checkpoint)
@@ -108,9 +113,6 @@ async def test_a_bad_announcement_changes_nothing_and_leaves_the_group(
             assert unknown["success"] is False and "init it first" in unknown["message"]
             left = await client.destroy_weights_update_group()
             assert left["success"] is False  # the failed update left it already
-    finally:
-        trainer.kill()
-        trainer.wait()
     assert generate(server)["output_ids"] == reference(llama_dir)
 
 
@@ -165,8 +167,7 @@ async def test_an_update_refused_before_the_worker_hears_of_it_leaves_the_group(
     await restore(server, llama_dir)
     checkpoint = new_weights / "model.safetensors"
     port = free_port()
-    trainer = start_trainer(port, checkpoint, "--hold")
-    try:
+    with trainer_process(port, checkpoint, "--hold"):
         async with Client(server.url) as client:
             assert (await client.init_weights_update_group("127.0.0.1", port, 1, 2))["success"]
             await client.release_memory_occupation(["weights"])
@@ -174,7 +175,28 @@ async def test_an_update_refused_before_the_worker_hears_of_it_leaves_the_group(
             assert refused["success"] is False and "was left" in refused["message"]
             await client.resume_memory_occupation(["weights"])
             assert (await client.destroy_weights_update_group())["success"] is False
-    finally:
-        trainer.kill()
-        trainer.wait()
     assert generate(server)["output_ids"] == reference(llama_dir)
+
+
+async def test_an_upload_whose_client_leaves_leaves_nothing(server: ServerProcess) -> None:
+    """A safetensors body cut off by its client: the temporary file goes, nothing changes,
+    and the server serves on."""
+    before = generate(server)["output_ids"]
+    host, port = server.url.removeprefix("http://").split(":")
+    head = (
+        "POST /update_weights_from_tensor HTTP/1.1\r\nHost: x\r\n"
+        "Content-Type: application/octet-stream\r\nContent-Length: 100000000\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(head.encode() + b"\0" * 2**20)
+        with trio.fail_after(30):
+            while not uploads_in_progress():  # noqa: ASYNC110 (the server's files)
+                await trio.sleep(0.05)
+    with trio.fail_after(30):
+        while uploads_in_progress():  # noqa: ASYNC110
+            await trio.sleep(0.05)
+    assert generate(server)["output_ids"] == before
+
+
+def uploads_in_progress() -> list[Path]:
+    return list(Path(tempfile.gettempdir()).glob("rt-upload-*"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from runtime.config import EngineConfig
@@ -77,9 +78,7 @@ class LoadReports:
 
     config: EngineConfig
     _meter: ThroughputMeter
-
-    def statistics(self) -> EngineStats:
-        raise NotImplementedError  # the engine's
+    statistics: Callable[[], EngineStats]  # the engine's
 
     def get_load(self) -> dict[str, Any]:
         stats = self.statistics()

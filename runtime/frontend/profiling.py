@@ -4,7 +4,7 @@ Chrome trace file (runtime/tracing.py), the worker with `torch.profiler`."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
@@ -19,9 +19,7 @@ class ProfileCalls:
 
     trace: PhaseTrace
     _profiling: ProfileRequest | None = None
-
-    async def control(self, make: Callable[[int], object]) -> None:
-        raise NotImplementedError  # the engine's
+    control: Callable[[Callable[[int], object]], Awaitable[None]]  # the engine's
 
     @property
     def is_profiling(self) -> bool:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +15,7 @@ class SteeringCalls:
     """The engine's steering calls (EngineClient's), each handed to its `Steering`."""
 
     steering: Steering
-
-    def _check_alive(self) -> None:
-        """EngineDeadError if the engine has stopped (the engine defines it)."""
-        raise NotImplementedError
+    _check_alive: Callable[[], None]  # the engine's: EngineDeadError if it has stopped
 
     @property
     def is_paused(self) -> bool:

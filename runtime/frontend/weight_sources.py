@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from runtime.engine_client import NamedTensors
+from runtime.engine_client import MAX_TENSOR_DIM, NamedTensors
 
 
 @contextmanager
@@ -29,9 +29,6 @@ def save_safetensors(tensors: NamedTensors, path: str) -> None:
     save_file({name: tensor.detach().cpu().contiguous() for name, tensor in pairs}, path)
 
 
-MAX_DIM = 2**40  # what a shape may announce (msgpack carries at most 64-bit integers)
-
-
 def announcement_problem(
     names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
 ) -> str:
@@ -41,6 +38,6 @@ def announcement_problem(
             f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}"
         )
     for name, shape in zip(names, shapes, strict=True):
-        if not all(type(d) is int and 0 <= d <= MAX_DIM for d in shape):
-            return f"{name}: shape {list(shape)} is not a list of sizes in [0, {MAX_DIM}]"
+        if not all(type(d) is int and 0 <= d <= MAX_TENSOR_DIM for d in shape):
+            return f"{name}: shape {list(shape)} is not a list of sizes in [0, {MAX_TENSOR_DIM}]"
     return ""

@@ -347,9 +347,7 @@ class SchedulerActor:
             update_seconds=self._update_seconds,
             wait_seconds=self._wait_seconds,
             num_held=len(core.held),
-            num_waiting_uncached_tokens=sum(
-                [seq.num_tokens - seq.num_computed_tokens for seq in (*core.waiting, *core.held)]
-            ),
+            num_waiting_uncached_tokens=core.queued_tokens,
             max_num_seqs=core.max_num_seqs,
         )
 

@@ -76,6 +76,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.held: list[Sequence] = []  # arrived during a pause
+        # tokens the waiting and held sequences have to compute, kept as they come and go (a
+        # queued sequence holds no KV, and its token count does not change while it waits)
+        self.queued_tokens = 0
         self.pause_mode: str | None = None  # "keep" or "wait" while paused
         self.by_rid: dict[str, Sequence] = {}
         self.pins = SessionPins(block_manager)  # KV kept for open sessions
@@ -105,6 +108,7 @@ class Scheduler:
             self.held.append(seq)
         else:
             self.waiting.append(seq)
+        self.queued_tokens += seq.num_tokens
 
     def abort(self, rid: str) -> bool:
         """Drop a request wherever it is; returns False if it is unknown or already finished."""
@@ -209,6 +213,7 @@ class Scheduler:
                     continue
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.popleft()
+            self.queued_tokens -= seq.num_tokens
             self.block_manager.take_prefix(seq, cached)
             self.num_cached_tokens += seq.num_computed_tokens
             if seq.num_cached_tokens < 0:
@@ -239,6 +244,7 @@ class Scheduler:
         self.block_manager.free_blocks(seq)
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
+        self.queued_tokens += seq.num_tokens
         step.released.append(seq.seq_id)
         self.num_preemptions += 1
 
@@ -285,8 +291,10 @@ class Scheduler:
             self._released.append(seq.seq_id)  # a waiting one has no state in the worker
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+            self.queued_tokens -= seq.num_tokens
         elif seq.status is SequenceStatus.HELD:
             self.held.remove(seq)
+            self.queued_tokens -= seq.num_tokens
         if seq.session:
             self.pins.pin(seq.session, seq)
         self.block_manager.free_blocks(seq)
