@@ -45,6 +45,11 @@ class EngineConfig:
             result before scheduling the next step; 2 keeps one step queued behind the one
             computing, so scheduling and messaging overlap the forward pass. No more than 2.
         max_sessions: sessions (`open_session`) open at once.
+        max_n: most samples (`n`) one request may ask for.
+        max_logprobs: most top log-probabilities one request may ask for per position.
+        logprobs_mode: "raw": log-probabilities are the model's own distribution (before
+            temperature, penalties and filters), as vLLM's default; "processed": of the
+            distribution each token was actually drawn from.
     """
 
     model: str
@@ -61,6 +66,9 @@ class EngineConfig:
     num_threads: int = 0
     max_steps_in_flight: int = 2
     max_sessions: int = 1024
+    max_n: int = 16
+    max_logprobs: int = 20
+    logprobs_mode: Literal["raw", "processed"] = "raw"
 
     def __post_init__(self) -> None:
         if self.mode not in ("process", "inproc"):
@@ -72,6 +80,7 @@ class EngineConfig:
             "kv_cache_memory",
             "max_steps_in_flight",
             "max_sessions",
+            "max_n",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -79,7 +88,11 @@ class EngineConfig:
             # deeper, a sequence preempted and re-admitted could meet the result of a step
             # planned before its preemption (the scheduler's property tests cover 1 and 2)
             raise ValueError(f"max_steps_in_flight must be 1 or 2, got {self.max_steps_in_flight}")
-        for name in ("max_model_len", "num_kv_blocks", "num_threads"):
+        if self.logprobs_mode not in ("raw", "processed"):
+            raise ValueError(
+                f"logprobs_mode must be 'raw' or 'processed', not {self.logprobs_mode!r}"
+            )
+        for name in ("max_model_len", "num_kv_blocks", "num_threads", "max_logprobs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

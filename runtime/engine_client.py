@@ -31,11 +31,13 @@ __all__ = [
     "FrontendStats",
     "ModelCard",
     "NamedTensors",
+    "PromptLogprob",
     "RequestOutput",
     "RequestTimeoutError",
     "SamplingParams",
     "SchedulerStats",
     "SessionParams",
+    "TopLogprobs",
     "WorkerStats",
 ]
 
@@ -58,12 +60,27 @@ class ModelCard:
     weight_version: str = "default"  # changes with each weight update
 
 
+# The most likely tokens at one position, most likely first: (token id, log-probability).
+TopLogprobs: TypeAlias = tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLogprob:
+    """A prompt token's log-probability given the tokens before it (None for the first
+    token, which nothing scores), with the most likely tokens at its position."""
+
+    token_id: int
+    logprob: float | None
+    top: TopLogprobs | None
+
+
 @dataclass(frozen=True, slots=True)
 class RequestOutput:
     """What one request produced since its previous output.
 
     Attributes:
         rid: the request id.
+        index: which of the request's `n` samples this output belongs to.
         token_ids: tokens generated since the last output (none only on a final output).
         logprobs: log-probability of each of those tokens under the model.
         text: the text those tokens add (stop strings and stop tokens excluded).
@@ -71,6 +88,10 @@ class RequestOutput:
         matched_stop: the stop string or stop token id that ended the request, if any.
         num_prompt_tokens: prompt length in tokens.
         num_cached_tokens: prompt tokens served from the prefix cache.
+        top_logprobs: with `SamplingParams.logprobs`, the most likely tokens at the position
+            of each token of `token_ids`; else None.
+        prompt_logprobs: with `SamplingParams.prompt_logprobs`, on the sample's first output:
+            one entry per prompt position from `prompt_logprobs_start` on; else None.
     """
 
     rid: str
@@ -81,6 +102,9 @@ class RequestOutput:
     matched_stop: str | int | None
     num_prompt_tokens: int
     num_cached_tokens: int
+    index: int = 0
+    top_logprobs: list[TopLogprobs] | None = None
+    prompt_logprobs: list[PromptLogprob] | None = None
 
     @property
     def finished(self) -> bool:
@@ -320,6 +344,11 @@ class EngineClient(Protocol):
         ...
 
     async def detokenize(self, token_ids: Sequence[int]) -> str: ...
+
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """Each token's own text, decoded alone, as log-probabilities name tokens ("" for a
+        token that is only part of a character, as vLLM does)."""
+        ...
 
     async def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         """Render a conversation with the model's chat template, ready to generate the reply."""

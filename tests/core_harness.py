@@ -14,7 +14,7 @@ from runtime.sampling_params import SamplingParams
 from runtime.scheduler.actor import plan_message
 from runtime.scheduler.block_manager import BlockManager
 from runtime.scheduler.pipeline import StepPipeline
-from runtime.scheduler.scheduler import SampledToken, ScheduledStep, Scheduler
+from runtime.scheduler.scheduler import Sample, SampledToken, ScheduledStep, Scheduler
 from runtime.scheduler.sequence import Sequence, SequenceStatus
 from runtime.wire.codec import decode, encode
 from runtime.wire.messages import StepPlan
@@ -61,12 +61,13 @@ class CoreHarness:
         max_tokens: int,
         ignore_eos: bool = True,
         session: str = "",
+        fork_of: str = "",
     ) -> None:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
         seq = Sequence(
             self.next_seq_id, rid, prompt, params, max_tokens=max_tokens, session=session
         )
-        self.sched.add(seq)
+        self.sched.add(seq, fork_of)
         self.next_seq_id += 1
         self.outputs[rid] = []
         self.finished.pop(rid, None)  # an id may be reused once its request has ended
@@ -105,7 +106,7 @@ class CoreHarness:
             token = None
             if scheduled.samples[i]:
                 token = self.rng.randrange(0, 8)  # small vocab: EOS (0) comes up often
-                sampled[seq_id] = (token, -1.0)
+                sampled[seq_id] = Sample(token, -1.0)
             SeqTable.commit(ws, n, token)
         for rid in abort_in_flight:  # arrive while the worker computes
             self.abort(rid)
@@ -127,7 +128,11 @@ class CoreHarness:
 
     def check_invariants(self) -> None:
         bm, sched = self.bm, self.sched
-        live = list(sched.running) + list(sched.waiting)
+        live = list(sched.running) + list(sched.waiting) + list(sched.held)
+        forking = [fork for seq in live for fork in seq.forks]
+        for fork in forking:
+            assert fork.status is SequenceStatus.FORKING and not fork.block_table
+            assert fork.fork_parent is not None and fork in fork.fork_parent.forks
         pinned = sched.pins.pinned_blocks()
         refs = Counter(b for seq in live for b in seq.block_table) + Counter(pinned)
         for block in bm.blocks:
@@ -135,20 +140,20 @@ class CoreHarness:
             assert (block.ref_count == 0) == (block.block_id in bm.free)
         for h, block_id in bm.cached.items():
             assert bm.blocks[block_id].hash == h
-        for seq in sched.waiting:
-            assert seq.status is SequenceStatus.WAITING and not seq.block_table
-            assert seq.num_computed_tokens == 0
+        for seq in [*sched.waiting, *sched.held]:  # a fork may hold its sibling's prompt
+            assert seq.status in (SequenceStatus.WAITING, SequenceStatus.HELD)
+            assert seq.num_computed_tokens == len(seq.block_table) * bm.block_size
+            assert seq.num_computed_tokens < seq.num_tokens
         for seq in sched.running:
             assert seq.status is SequenceStatus.RUNNING
             assert len(seq.block_table) == -(-seq.num_computed_tokens // bm.block_size)
             assert len(set(seq.block_table)) == len(seq.block_table)
             assert 0 <= seq.num_pending_tokens <= self.depth
         for seq in sched.held:
-            assert seq.status is SequenceStatus.HELD and not seq.block_table
-            assert sched.pause_mode is not None
+            assert not seq.block_table and sched.pause_mode is not None
         assert len(sched.running) <= sched.max_num_seqs
         queued = [*sched.waiting, *sched.held]
         assert sched.queued_tokens == sum(s.num_tokens - s.num_computed_tokens for s in queued)
-        assert set(sched.by_rid) == {s.rid for s in live + sched.held}
+        assert set(sched.by_rid) == {s.rid for s in live + forking}
         if self.pipeline.idle and sched.pause_mode != "keep":
             assert bm.num_free_blocks == bm.num_blocks - len(set(pinned))

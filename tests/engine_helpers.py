@@ -34,27 +34,40 @@ async def collect(engine: Engine, prompt: list[int] | str, params: SamplingParam
 
 
 async def consume(outputs: AsyncGenerator[RequestOutput, None]) -> dict:
-    tokens: list[int] = []
-    logprobs: list[float] = []
-    text = ""
+    """A request's outputs joined (with n > 1: sample 0's; `consume_samples` has them all)."""
+    return (await consume_samples(outputs))[0]
+
+
+async def consume_samples(outputs: AsyncGenerator[RequestOutput, None]) -> list[dict]:
+    """Each sample's outputs joined, by sample index."""
+    samples: dict[int, dict] = {}
     async for out in outputs:
-        tokens += out.token_ids
-        logprobs += out.logprobs
-        text += out.text
-    return {
-        "tokens": tokens,
-        "logprobs": logprobs,
-        "text": text,
-        "finish_reason": out.finish_reason,
-        "matched_stop": out.matched_stop,
-        "num_cached_tokens": out.num_cached_tokens,
-    }
+        sample = samples.setdefault(
+            out.index,
+            {"tokens": [], "logprobs": [], "text": "", "top_logprobs": [], "prompt_logprobs": None},
+        )
+        sample["tokens"] += out.token_ids
+        sample["logprobs"] += out.logprobs
+        sample["text"] += out.text
+        sample["top_logprobs"] += out.top_logprobs or []
+        sample["prompt_logprobs"] = sample["prompt_logprobs"] or out.prompt_logprobs
+        sample["finish_reason"] = out.finish_reason
+        sample["matched_stop"] = out.matched_stop
+        sample["num_cached_tokens"] = out.num_cached_tokens
+    return [samples[i] for i in sorted(samples)]
 
 
-async def collect_all(engine: Engine, prompts: list, params: SamplingParams) -> list[dict]:
+async def collect_all(
+    engine: Engine,
+    prompts: list,
+    params: SamplingParams | None,
+    *,
+    params_each: list[SamplingParams] | None = None,
+) -> list[dict]:
     """Submit every prompt at once, in order (one task each), and wait for all of them."""
     results: list[dict] = [{}] * len(prompts)
-    requests = [engine.generate(prompt, params) for prompt in prompts]  # fixes their order
+    each = params_each or [params or SamplingParams()] * len(prompts)
+    requests = [engine.generate(prompt, p) for prompt, p in zip(prompts, each, strict=True)]
 
     async def one(i: int) -> None:
         results[i] = await consume(requests[i])

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from runtime.config import EngineConfig
 from runtime.frontend.inputs import INLINE_CHARS, InputProcessor
 
 
@@ -24,7 +25,7 @@ def tokenizer(llama_dir: Path) -> PreTrainedTokenizerBase:
 
 @pytest.fixture
 def inputs(tokenizer: PreTrainedTokenizerBase) -> InputProcessor:
-    return InputProcessor(tokenizer, vocab_size=4096, max_model_len=512)
+    return InputProcessor(tokenizer, 4096, EngineConfig(model="", max_model_len=512))
 
 
 @settings(max_examples=200, deadline=None)
@@ -32,7 +33,7 @@ def inputs(tokenizer: PreTrainedTokenizerBase) -> InputProcessor:
 def test_tokens_are_the_ones_transformers_makes(
     tokenizer: PreTrainedTokenizerBase, text: str
 ) -> None:
-    inputs = InputProcessor(tokenizer, vocab_size=4096, max_model_len=512)
+    inputs = InputProcessor(tokenizer, 4096, EngineConfig(model="", max_model_len=512))
     for special in (True, False):
         expected = tokenizer.encode(text, add_special_tokens=special)
         assert inputs.tokenize(text, add_special_tokens=special) == expected
@@ -90,7 +91,7 @@ def test_a_tokenizer_json_with_truncation_never_cuts_a_prompt(
     }
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
-    inputs = InputProcessor(tokenizer, vocab_size=4096, max_model_len=512)
+    inputs = InputProcessor(tokenizer, 4096, EngineConfig(model="", max_model_len=512))
     text = "a prompt of clearly more than eight tokens, " * 4
     assert len(inputs.tokenize(text)) > 8
     assert inputs.tokenize(text) == tokenizer.encode(text)

@@ -15,6 +15,7 @@ from runtime.wire.messages import (
     GetWeights,
     JoinWeightGroup,
     LeaveWeightGroup,
+    Logprobs,
     NewSeq,
     OpenSession,
     Pause,
@@ -41,6 +42,9 @@ from runtime.wire.messages import (
     WorkerStats,
 )
 
+# SamplingParams' fields after the first nine, at their defaults
+NEW = msgpack.unpackb(encode(SamplingParams()))[10:]
+LOGPROBS = Logprobs(7, (-0.25,), 2, (1, 9), (-0.25, -2.0))
 PARAMS = SamplingParams(
     max_tokens=7,
     temperature=0.5,
@@ -72,6 +76,26 @@ EXAMPLES = [
     EngineReady(2048, 2, WorkerReady(100, "float32", 4, 32000)),
     STATS,
     StepOutputs(("a", "b"), (1, 2), (-0.1, -0.2), (None, "stop"), (0, 16), STATS, WORKER_STATS),
+    StepResult(3, (1, 2), (10, 11), (-0.5, -1.0), WORKER_STATS, (LOGPROBS, None), (None, LOGPROBS)),
+    AddRequest("r1.1", (1, 2), 7, PARAMS, "", "r1"),
+    LOGPROBS,
+    SamplingParams(
+        n=3,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        repetition_penalty=1.2,
+        logit_bias=((5, -100.0), (6, 2.5)),
+        min_tokens=2,
+        bad_words=("no",),
+        bad_words_token_ids=((1, 2), (3,)),
+        allowed_token_ids=(1, 2, 3),
+        logprobs=5,
+        prompt_logprobs=0,
+        prompt_logprobs_start=4,
+        skip_special_tokens=False,
+        spaces_between_special_tokens=False,
+        include_stop_str_in_output=True,
+    ),
     AddRequest("\ud800", (1,), 1, SamplingParams(stop=("\udfff",))),  # lone surrogates from JSON
     Pause(5, "keep"),
     Resume(6),
@@ -117,10 +141,16 @@ def test_round_trip(msg: object) -> None:
         (msgpack.packb([4, 1, 2]), "Ping: expected 1 fields, got 2"),
         (msgpack.packb([4, "1"]), "Ping.nonce: expected int, got str"),
         (msgpack.packb([4, True]), "Ping.nonce: expected int, got bool"),
-        (msgpack.packb([2, "r", [1, "x"], 1, [1], ""]), "prompt_token_ids\\[1\\]: expected int"),
-        (msgpack.packb([2, "r", [1], 1, [4, 1], ""]), "AddRequest.params: expected SamplingParams"),
-        (msgpack.packb([1, 0, 1.0, 0, 1.0, 0.0, None, False, [], []]), "max_tokens must be"),
-        (msgpack.packb([1, None, "hot", 0, 1.0, 0.0, None, False, [], []]), "temperature: exp"),
+        (
+            msgpack.packb([2, "r", [1, "x"], 1, [1], "", ""]),
+            "prompt_token_ids\\[1\\]: expected int",
+        ),
+        (
+            msgpack.packb([2, "r", [1], 1, [4, 1], "", ""]),
+            "AddRequest.params: expected SamplingParams",
+        ),
+        (msgpack.packb([1, 0, 1.0, 0, 1.0, 0.0, None, False, [], [], *NEW]), "max_tokens must be"),
+        (msgpack.packb([1, None, "hot", 0, 1.0, 0.0, None, False, [], [], *NEW]), "temperature: e"),
         (msgpack.packb([3, [], "abc"]), "Submit.aborts: expected a list"),
     ],
 )

@@ -143,6 +143,7 @@ operations = st.lists(
         st.tuples(st.just("add"), prompts, st.integers(1, 12), st.booleans()),
         st.tuples(st.just("step"), st.lists(st.integers(0, 40), max_size=2)),
         st.tuples(st.just("abort"), st.integers(0, 40)),
+        st.tuples(st.just("fork"), st.integers(1, 3)),  # samples of the last request added
         st.tuples(st.just("pause"), st.sampled_from(["keep", "wait"])),
         st.tuples(st.just("resume")),
     ),
@@ -179,12 +180,18 @@ def test_no_interleaving_leaks_or_double_frees_a_block(
         depth=depth,
     )
     added = 0
+    last: tuple | None = None
     for op in ops:
         if op[0] == "add":
             _, prompt, max_tokens, ignore_eos = op
             max_tokens = min(max_tokens, h.sched.max_model_len - len(prompt))
             if max_tokens >= 1:
-                h.add(f"r{added}", prompt, max_tokens, ignore_eos)
+                last = (f"r{added}", prompt, max_tokens, ignore_eos)
+                h.add(*last)
+                added += 1
+        elif op[0] == "fork":
+            for _ in range(op[1] if last is not None else 0):
+                h.add(f"r{added}", *last[1:], fork_of=last[0])
                 added += 1
         elif op[0] == "step":
             h.step(abort_in_flight=tuple(f"r{i}" for i in op[1]))

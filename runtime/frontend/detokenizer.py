@@ -3,6 +3,9 @@
 Built on `tokenizers`' DecodeStream, which holds back the bytes of a character split across
 tokens until it is complete, so no U+FFFD leaks from a half-decoded character. The stream is
 primed with the end of the prompt so the first output token is spaced as it is mid-text.
+
+With special tokens kept in the text, `spaces_between_special_tokens` spaces each added token
+(special or not) from its neighbours, as slow Hugging Face tokenizers' `decode` does.
 """
 
 from __future__ import annotations
@@ -16,15 +19,38 @@ _PROMPT_CONTEXT = 4  # prompt tokens replayed to prime spacing and merges
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: Sequence[int]) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_token_ids: Sequence[int],
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> None:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
             raise ValueError("streaming text needs a fast tokenizer (tokenizer.json)")
         self._backend = backend
-        self._stream = DecodeStream(skip_special_tokens=True)
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         for token_id in prompt_token_ids[-_PROMPT_CONTEXT:]:
             self._stream.step(backend, token_id)  # its text belongs to the prompt: dropped
+        self._added: dict[int, str] = {}  # id -> text of the tokens to space
+        if not skip_special_tokens and spaces_between_special_tokens:
+            self._added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
+        self._emitted = False  # some text came out already
+        self._after_added = False  # the last text was an added token's
 
     def push(self, token_id: int) -> str:
         """Text that token completes (empty while a character is still partial)."""
-        return self._stream.step(self._backend, token_id) or ""
+        if not self._added:
+            return self._stream.step(self._backend, token_id) or ""
+        added = self._added.get(token_id)
+        if added is not None:  # not through the stream: its own piece, spaced
+            text = (" " if self._emitted else "") + added
+            self._after_added = True
+        else:
+            text = self._stream.step(self._backend, token_id) or ""
+            if text and self._after_added:
+                text = " " + text
+                self._after_added = False
+        self._emitted = self._emitted or bool(text)
+        return text

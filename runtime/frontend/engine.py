@@ -41,9 +41,9 @@ from runtime.frontend.calls import Answer, Calls
 from runtime.frontend.inputs import InputProcessor
 from runtime.frontend.loads import LoadReports, ThroughputMeter
 from runtime.frontend.outbox import Outbox
-from runtime.frontend.output_processor import OutputProcessor
 from runtime.frontend.profiling import ProfileCalls
-from runtime.frontend.request_stream import RequestStream
+from runtime.frontend.request_group import RequestGroup
+from runtime.frontend.request_stream import RequestStream, dispatch
 from runtime.frontend.sessions import SessionCalls, Sessions, SessionTurn
 from runtime.frontend.steering import Steering
 from runtime.frontend.steering_calls import SteeringCalls
@@ -80,14 +80,13 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
     ) -> None:
         self.config = config
         self.info = info
-        self.inputs = InputProcessor(
-            tokenizer, vocab_size=info.vocab_size, max_model_len=config.max_model_len
-        )
+        self.inputs = InputProcessor(tokenizer, info.vocab_size, config)
         self.processes = processes or {}  # actor processes by role (process mode)
         self.ready: EngineReady | None = None  # what the actors run, once `run` has started
         self._outbox = Outbox()
         self._streams: dict[str, RequestStream] = {}  # by the engine's own request id
-        self._labels: dict[str, str] = {}  # the caller's rid -> the engine's id, while open
+        self._labels: dict[str, list[str]] = {}  # the caller's rid -> the engine's ids (one
+        # per sample), while open
         self._no_requests = trio.Event()
         self._no_requests.set()
         self._call_order = itertools.count()
@@ -169,23 +168,28 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
         params = params or SamplingParams()
         token_ids = self.inputs.prompt_token_ids(prompt)
         label = rid if rid is not None else uuid.uuid4().hex
+        self.inputs.check_limits(params, session is not None)
         turn = None
         if session is not None:  # the prompt continues the session's history
             bos = self.inputs.tokenizer.bos_token_id
             token_ids, opened, parent = self.sessions.prompt(session, label, token_ids, bos)
             turn = (opened, session, parent)
         max_tokens = self.inputs.max_tokens(params, len(token_ids))
+        params = self.inputs.resolve(params, len(token_ids))
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         self._check_label_free(label)
         order = next(self._call_order)
         key = turn[0].key if turn is not None else ""
-        add = AddRequest(str(order), token_ids, max_tokens, params, key)
-        return self._run(label, add, order, timeout or math.inf, turn)
+        adds = [AddRequest(f"{order}", token_ids, max_tokens, params, key)]
+        for i in range(1, params.n):  # each sample its own seed; the prompt's KV is shared
+            seed = None if params.seed is None else (params.seed + i) % 2**64
+            child = params.replace(seed=seed, prompt_logprobs=None)
+            adds.append(AddRequest(f"{order}.{i}", token_ids, max_tokens, child, "", f"{order}"))
+        return self._run(label, adds, order, timeout or math.inf, turn)
 
     def abort(self, rid: str) -> None:
-        request_id = self._labels.get(rid)
-        if request_id is not None:
+        for request_id in self._labels.get(rid, ()):
             self._abort(request_id)
 
     def abort_all(self) -> None:
@@ -244,12 +248,15 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
     async def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         return await self.inputs.apply_chat_template_async(messages)
 
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        return self.inputs.token_texts(token_ids)
+
     # -- requests ------------------------------------------------------------------------
 
     async def _run(
         self,
         label: str,
-        add: AddRequest,
+        adds: list[AddRequest],
         order: int,
         time_limit: float,
         turn: SessionTurn | None,
@@ -261,37 +268,39 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
             self._start_turn(turn, label)
         output_ids: list[int] = []
         finish_reason = None
-        processor = OutputProcessor(label, self.inputs.tokenizer, add.prompt_token_ids, add.params)
-        stream = self._streams[add.rid] = RequestStream()
-        self._labels[label] = add.rid
+        group = RequestGroup(label, adds, self.inputs.tokenizer)
+        for add, stream in zip(adds, group.streams, strict=True):
+            self._streams[add.rid] = stream
+            self._outbox.add(order, add)
+        self._labels[label] = [add.rid for add in adds]
         if self._no_requests.is_set():  # a task waiting on the unset one must still be woken
             self._no_requests = trio.Event()
-        self._outbox.add(order, add)
-        self._prompt_tokens += len(add.prompt_token_ids)
+        self._prompt_tokens += len(adds[0].prompt_token_ids)
         deadline = trio.current_time() + time_limit
         try:
-            while True:
+            while not group.finished:
                 # the deadline is for the engine's work: output already made is handed over
-                with trio.move_on_at(deadline if not stream.upstream_done else math.inf) as waiting:
-                    tokens = await stream.next_output()  # (a scope within one step: no yield)
+                with trio.move_on_at(deadline if not group.upstream_done else math.inf) as waiting:
+                    await group.wait()  # (a scope within one step: no yield)
                 if waiting.cancelled_caught:
                     raise RequestTimeoutError(f"the request ran past its {time_limit:g} s timeout")
-                started = time.perf_counter()
-                output = processor.process(tokens)
-                self._detokenize_seconds += time.perf_counter() - started
-                output_ids += output.token_ids
-                finish_reason = output.finish_reason
-                if output.finished:
-                    stream.end(output.finish_reason or "stop")  # a stop string ends it here
-                    self._abort_upstream(add.rid, stream)  # now, not when the reader comes back
-                yield output
-                if output.finished:
-                    return
+                outputs = group.take()
+                for i, output in outputs:
+                    output_ids += output.token_ids
+                    finish_reason = output.finish_reason
+                    if output.finished:  # a stop string ends it here: tell the actors now
+                        group.streams[i].end(output.finish_reason or "stop")
+                        self._abort_upstream(adds[i].rid, group.streams[i])
+                for _, output in outputs:
+                    yield output
         finally:
-            del self._streams[add.rid], self._labels[label]
-            self._abort_upstream(add.rid, stream)
+            self._detokenize_seconds += group.detokenize_seconds
+            for add, stream in zip(adds, group.streams, strict=True):
+                del self._streams[add.rid]
+                self._abort_upstream(add.rid, stream)
+            del self._labels[label]
             if turn is not None:
-                self._end_turn(turn, label, add, output_ids, finish_reason)
+                self._end_turn(turn, label, adds[0], output_ids, finish_reason)
             if not self._streams:
                 self._no_requests.set()
 
@@ -350,7 +359,8 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
             match msg:
                 case StepOutputs():
                     started = time.perf_counter()
-                    self._dispatch(msg)
+                    self._scheduler_stats, self._worker_stats = msg.scheduler, msg.worker
+                    dispatch(self._streams, msg)
                     ended = time.perf_counter()
                     self._dispatch_seconds += ended - started
                     if self.trace.on and msg.rids:
@@ -369,19 +379,3 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
                     self._calls.answer(nonce, msg)
                 case _:
                     raise WireError(f"frontend got an unexpected {type(msg).__name__}")
-
-    def _dispatch(self, msg: StepOutputs) -> None:
-        """Hand each request its token. Never waits: a slow consumer just gets tokens merged."""
-        self._scheduler_stats, self._worker_stats = msg.scheduler, msg.worker
-        streams = self._streams
-        for rid, token_id, logprob, reason, cached in zip(
-            msg.rids,
-            msg.token_ids,
-            msg.logprobs,
-            msg.finish_reasons,
-            msg.num_cached_tokens,
-            strict=True,
-        ):
-            stream = streams.get(rid)
-            if stream is not None:  # else: abandoned by its consumer while the step ran
-                stream.push(token_id, logprob, reason, cached)

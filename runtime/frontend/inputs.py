@@ -19,6 +19,7 @@ import trio
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
+from runtime.config import EngineConfig
 from runtime.sampling_params import SamplingParams
 
 T = TypeVar("T")
@@ -42,11 +43,14 @@ def _plain_copy(backend: Tokenizer | None) -> Tokenizer | None:
 
 class InputProcessor:
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, *, vocab_size: int, max_model_len: int
+        self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, config: EngineConfig
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
-        self.max_model_len = max_model_len
+        self.max_model_len = config.max_model_len
+        self.max_n = config.max_n
+        self.max_logprobs = config.max_logprobs
+        self._token_texts: dict[int, str] = {}
         self._backend = _plain_copy(getattr(tokenizer, "backend_tokenizer", None))
         # the most bytes of text one token can stand for (a UTF-8 token string is no shorter)
         self.max_token_bytes = max(len(token.encode()) for token in tokenizer.get_vocab()) or 1
@@ -140,6 +144,56 @@ class InputProcessor:
                 f"{num_prompt_tokens + params.max_tokens} were requested ({num_prompt_tokens} in "
                 f"the prompt, {params.max_tokens} to generate)"
             )
-        if any(t >= self.vocab_size for t in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be below the vocabulary size {self.vocab_size}")
         return params.max_tokens or room
+
+    def check_limits(self, params: SamplingParams, in_session: bool) -> None:
+        if params.n > self.max_n:
+            raise ValueError(f"n must be at most {self.max_n} (--max-n), got {params.n}")
+        if params.n > 1 and in_session:
+            raise ValueError("a session turn takes n=1")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.max_logprobs:
+                raise ValueError(
+                    f"{name} must be at most {self.max_logprobs} (--max-logprobs), got {value}"
+                )
+
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """Each token decoded alone; "" where that is only part of a character (vLLM's)."""
+        texts = self._token_texts
+        out = []
+        for token_id in token_ids:
+            text = texts.get(token_id)
+            if text is None:
+                self.check_token_ids([token_id])
+                text = str(self.tokenizer.decode([token_id], skip_special_tokens=False))
+                text = texts[token_id] = "" if text.endswith("\ufffd") else text
+            out.append(text)
+        return out
+
+    def resolve(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
+        """`params` checked against the model and the prompt, with `bad_words` tokenized."""
+        params.check_vocabulary(self.vocab_size)
+        if params.prompt_logprobs is not None and params.prompt_logprobs_start >= num_prompt_tokens:
+            raise ValueError(
+                f"the prompt log-probabilities start at position {params.prompt_logprobs_start}, "
+                f"but the prompt has {num_prompt_tokens} tokens"
+            )
+        if not params.bad_words:
+            return params
+        words = list(params.bad_words_token_ids)
+        for word in params.bad_words:
+            for variant in self._bad_word_variants(word):
+                if variant and variant not in words:
+                    words.append(variant)
+        return params.replace(bad_words_token_ids=tuple(words))
+
+    def _bad_word_variants(self, word: str) -> list[tuple[int, ...]]:
+        """The word's tokens as it would start a text and, as vLLM does, as it would follow a
+        space (a different token in most vocabularies)."""
+        self.check_fits(word)
+        plain = tuple(self.tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        spaced = tuple(self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        if len(spaced) == len(plain) and spaced[:1] != plain[:1]:
+            return [plain, spaced]
+        return [plain]

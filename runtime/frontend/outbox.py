@@ -23,7 +23,7 @@ class Outbox:
 
     def add(self, order: int, add: AddRequest) -> None:
         """Queue a request; `order` (the `generate` call's) decides who is served first
-        among the requests of one `Submit`."""
+        among the requests of one `Submit` (the samples of one call: in the order added)."""
         self._adds[add.rid] = (order, add)
         self._ready.set()
 
@@ -52,6 +52,10 @@ class Outbox:
         """Close the current `Submit`: first come (first `generate` call), first served,
         whatever order tasks ran in."""
         if self._adds or self._aborts:
-            adds = tuple([add for _, add in sorted(self._adds.values())])
+            adds = tuple([add for _, add in sorted(self._adds.values(), key=_call_order)])
             self._sealed.append(Submit(adds, tuple(self._aborts)))
             self._adds, self._aborts = {}, []
+
+
+def _call_order(entry: tuple[int, AddRequest]) -> int:
+    return entry[0]

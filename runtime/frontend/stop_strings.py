@@ -6,8 +6,9 @@ from __future__ import annotations
 class StopStringMatcher:
     """Feed it text as it is generated; it says what is safe to show and when to stop."""
 
-    def __init__(self, stops: tuple[str, ...]) -> None:
+    def __init__(self, stops: tuple[str, ...], include_stop: bool = False) -> None:
         self._stops = stops
+        self._include_stop = include_stop  # release the matched stop string too
         self._longest = max(len(s) for s in stops)
         self._held = ""  # text received but not yet released
 
@@ -25,7 +26,8 @@ class StopStringMatcher:
             if at >= 0 and (first is None or (at + len(stop), at) < first[:2]):
                 first = (at + len(stop), at, stop)
         if first is not None:
-            released, self._held = self._held[: first[1]], ""
+            end = first[0] if self._include_stop else first[1]
+            released, self._held = self._held[:end], ""
             return released, first[2]
         keep = 0 if final else self._partial_match_length()
         cut = len(self._held) - keep

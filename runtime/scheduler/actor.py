@@ -18,7 +18,7 @@ import trio
 from runtime.config import EngineConfig
 from runtime.scheduler.block_manager import BlockManager
 from runtime.scheduler.pipeline import StepPipeline
-from runtime.scheduler.scheduler import SampledToken, ScheduledStep, Scheduler
+from runtime.scheduler.scheduler import Sample, SampledToken, ScheduledStep, Scheduler
 from runtime.scheduler.sequence import Sequence
 from runtime.tracing import PhaseTrace
 from runtime.wire.codec import WireError
@@ -293,7 +293,7 @@ class SchedulerActor:
                 max_tokens=add.max_tokens,
                 session=add.session,
             )
-            self.pipeline.scheduler.add(seq)
+            self.pipeline.scheduler.add(seq, add.fork_of)
         except ValueError as exc:
             return str(exc)
         self._next_seq_id += 1
@@ -305,9 +305,17 @@ class SchedulerActor:
         result = await self._results.receive()
         received = time.perf_counter()
         self.worker_stats = result.stats
+        none = (None,) * len(result.seq_ids)
         sampled = {
-            s: (t, lp)
-            for s, t, lp in zip(result.seq_ids, result.token_ids, result.logprobs, strict=True)
+            s: Sample(t, lp, top, prompt)
+            for s, t, lp, top, prompt in zip(
+                result.seq_ids,
+                result.token_ids,
+                result.logprobs,
+                result.top or none,
+                result.prompt or none,
+                strict=True,
+            )
         }
         outputs = self.pipeline.retire(result.step, sampled)
         self._num_generated_tokens += len(outputs)
@@ -320,6 +328,8 @@ class SchedulerActor:
         return outputs
 
     def _outputs_message(self, outputs: list[SampledToken]) -> StepOutputs:
+        top = tuple([o.top for o in outputs])
+        prompt = tuple([o.prompt for o in outputs])
         return StepOutputs(
             # from lists, not generators: see runtime/wire/codec.py on tuple free lists
             rids=tuple([o.rid for o in outputs]),
@@ -329,6 +339,8 @@ class SchedulerActor:
             num_cached_tokens=tuple([o.num_cached_tokens for o in outputs]),
             scheduler=self.statistics(),
             worker=self.worker_stats,
+            top=top if any(x is not None for x in top) else (),  # type: ignore[arg-type]
+            prompt=prompt if any(x is not None for x in prompt) else (),  # type: ignore[arg-type]
         )
 
     def statistics(self) -> SchedulerStats:

@@ -79,14 +79,15 @@ class BlockManager:
     def match_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks that hold a prefix of `seq`'s tokens (verified token by token).
 
-        The last token is never matched: its logits are needed, so it must be computed.
+        The last token is never matched: its logits are needed, so it must be computed; nor
+        are tokens past `seq.max_cached_tokens`.
         """
         if not self.enable_prefix_caching:
             return []
         matched: list[int] = []
         parent: bytes | None = None
-        known = len(seq.token_ids)
-        for start in range(0, known - 1 - self.block_size + 1, self.block_size):
+        known = min(len(seq.token_ids) - 1, seq.max_cached_tokens)
+        for start in range(0, known - self.block_size + 1, self.block_size):
             tokens = tuple(seq.token_ids[start : start + self.block_size])
             block_id = self.cached.get(block_digest(parent, tokens))
             if block_id is None or self.blocks[block_id].token_ids != tokens:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from runtime.scheduler.scheduler import SampledToken, ScheduledStep, Scheduler
+from runtime.scheduler.scheduler import Sample, SampledToken, ScheduledStep, Scheduler
 
 
 class StepPipeline:
@@ -51,8 +51,8 @@ class StepPipeline:
         could be scheduled (only a result can change that)."""
         return bool(self.in_flight) and (len(self.in_flight) >= self.depth or scheduled is None)
 
-    def retire(self, step_id: int, sampled: dict[int, tuple[int, float]]) -> list[SampledToken]:
-        """Apply the oldest step's result; `sampled`: seq_id -> (token id, logprob)."""
+    def retire(self, step_id: int, sampled: dict[int, Sample]) -> list[SampledToken]:
+        """Apply the oldest step's result; `sampled`: by seq_id."""
         step = self.in_flight.popleft()
         if step.step_id != step_id:
             raise ValueError(f"got the result of step {step_id}, expected step {step.step_id}")

@@ -54,6 +54,18 @@ class SampledToken:
     logprob: float
     finish_reason: str | None
     num_cached_tokens: int
+    top: object = None  # the worker's top log-probabilities for it, passed on as they are
+    prompt: object = None  # the prompt's log-probabilities, with a request's first token
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """What the worker sampled for one sequence."""
+
+    token_id: int
+    logprob: float
+    top: object = None
+    prompt: object = None
 
 
 class Scheduler:
@@ -89,12 +101,17 @@ class Scheduler:
 
     # -- intake --------------------------------------------------------------------------
 
-    def add(self, seq: Sequence) -> None:
-        """Queue a new sequence; ValueError (and nothing changes) if it cannot be served."""
+    def add(self, seq: Sequence, fork_of: str = "") -> None:
+        """Queue a new sequence; ValueError (and nothing changes) if it cannot be served.
+
+        `fork_of`: a request with the same prompt (a sibling sample of n > 1); `seq` waits
+        until that one's prompt is computed and then shares its KV blocks.
+        """
         if seq.rid in self.by_rid:
             raise ValueError(f"request id {seq.rid!r} is already in use")
         if not all(0 <= t < self.vocab_size for t in seq.token_ids):
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        seq.params.check_vocabulary(self.vocab_size)  # the frontend did; the worker relies on it
         if seq.num_prompt_tokens + seq.max_tokens > self.max_model_len:
             raise ValueError(
                 f"prompt ({seq.num_prompt_tokens}) + max_tokens ({seq.max_tokens}) "
@@ -103,12 +120,22 @@ class Scheduler:
         self.by_rid[seq.rid] = seq
         if seq.session:
             self.pins.touch(seq.session)
-        if self.pause_mode is not None:
-            seq.status = SequenceStatus.HELD
-            self.held.append(seq)
-        else:
-            self.waiting.append(seq)
-        self.queued_tokens += seq.num_tokens
+        parent = self.by_rid.get(fork_of) if fork_of else None
+        if parent is not None and self._prompt_pending(parent, seq):
+            seq.status = SequenceStatus.FORKING
+            seq.fork_parent = parent
+            parent.forks.append(seq)
+            return
+        self._queue(seq)
+
+    @staticmethod
+    def _prompt_pending(parent: Sequence, seq: Sequence) -> bool:
+        """Whether `seq` can wait to share `parent`'s prompt: the same, not computed yet."""
+        return (
+            parent.status is not SequenceStatus.FORKING
+            and parent.num_tokens == parent.num_prompt_tokens
+            and parent.token_ids == seq.token_ids
+        )
 
     def abort(self, rid: str) -> bool:
         """Drop a request wherever it is; returns False if it is unknown or already finished."""
@@ -205,16 +232,20 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.num_pending_tokens:
                 break  # preempted while a step samples for it: wait for that token
-            cached = self.block_manager.match_prefix(seq)
-            num_tokens = min(seq.num_tokens - len(cached) * bs, budget)
-            fresh = -(-(len(cached) * bs + num_tokens) // bs) - len(cached)
+            shared = len(seq.block_table)  # a fork holds its sibling's prompt blocks already
+            cached = [] if shared else self.block_manager.match_prefix(seq)
+            held = shared or len(cached)
+            num_tokens = min(seq.num_tokens - held * bs, budget)
+            fresh = -(-(held * bs + num_tokens) // bs) - held
             if not self.block_manager.can_allocate(fresh + self.block_manager.num_revived(cached)):
-                if self.pins.release_oldest():  # no request waits on an idle session's KV
+                # no request waits on an idle session's KV, nor on a waiting fork's
+                if self.pins.release_oldest() or self._unshare_waiting():
                     continue
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.popleft()
-            self.queued_tokens -= seq.num_tokens
-            self.block_manager.take_prefix(seq, cached)
+            self.queued_tokens -= seq.num_uncomputed_tokens
+            if not shared:
+                self.block_manager.take_prefix(seq, cached)
             self.num_cached_tokens += seq.num_computed_tokens
             if seq.num_cached_tokens < 0:
                 seq.num_cached_tokens = seq.num_computed_tokens
@@ -250,10 +281,8 @@ class Scheduler:
 
     # -- results -------------------------------------------------------------------------
 
-    def update(
-        self, step: ScheduledStep, sampled: dict[int, tuple[int, float]]
-    ) -> list[SampledToken]:
-        """Apply a step's results (steps in order); `sampled`: seq_id -> (token, logprob)."""
+    def update(self, step: ScheduledStep, sampled: dict[int, Sample]) -> list[SampledToken]:
+        """Apply a step's results (steps in order); `sampled`: by seq_id."""
         outputs = []
         for seq, num_tokens, start, samples in zip(
             step.seqs, step.num_tokens, step.starts, step.samples, strict=True
@@ -266,13 +295,66 @@ class Scheduler:
                 self.block_manager.cache_full_blocks(seq, start, start + num_tokens)
             if not samples:
                 continue  # a prefill chunk: nothing sampled yet
-            token_id, logprob = sampled[seq.seq_id]
-            seq.token_ids.append(token_id)  # also when preempted meanwhile: the token is valid
-            reason = self._stop_reason(seq, token_id)
+            sample = sampled[seq.seq_id]
+            seq.token_ids.append(sample.token_id)  # also if preempted meanwhile: it is valid
+            if seq.forks:  # the prompt is computed: its siblings may share it now
+                self._release_forks(seq, share=seq.status is SequenceStatus.RUNNING)
+            reason = self._stop_reason(seq, sample.token_id)
             if reason is not None:
                 self._finish(seq, reason)
-            outputs.append(SampledToken(seq.rid, token_id, logprob, reason, seq.num_cached_tokens))
+            outputs.append(
+                SampledToken(
+                    seq.rid,
+                    sample.token_id,
+                    sample.logprob,
+                    reason,
+                    seq.num_cached_tokens,
+                    sample.top,
+                    sample.prompt,
+                )
+            )
         return outputs
+
+    def _release_forks(self, parent: Sequence, *, share: bool) -> None:
+        """Queue `parent`'s waiting siblings first in line. With `share` (its prompt is
+        computed and its blocks held), each holds the prompt's full blocks, all but the one
+        with the last token, whose logits each sibling needs; else they stand alone (and may
+        hit the prefix cache)."""
+        forks, parent.forks = parent.forks, []
+        bs = self.block_manager.block_size
+        shared = parent.block_table[: (parent.num_prompt_tokens - 1) // bs] if share else []
+        for seq in reversed(forks):
+            seq.fork_parent = None
+            self.block_manager.hold(shared)
+            seq.block_table = list(shared)
+            seq.num_computed_tokens = len(shared) * bs
+            self._queue(seq, first=True)
+
+    def _unshare_waiting(self) -> bool:
+        """Make the last waiting fork that holds its sibling's blocks let go of them (it will
+        compute them itself, or find them in the prefix cache); False if none holds any. The
+        head of the queue lets go last, and only with nothing running."""
+        for seq in reversed(self.waiting):
+            if seq.block_table and (seq is not self.waiting[0] or not self.running):
+                self.queued_tokens += seq.num_computed_tokens
+                self.block_manager.free_blocks(seq)
+                return True
+        return False
+
+    def _queue(self, seq: Sequence, *, first: bool = False) -> None:
+        """Into the waiting queue (or held, while paused: holding no KV, which a paused
+        engine may release)."""
+        if self.pause_mode is not None:
+            self.block_manager.free_blocks(seq)
+            seq.status = SequenceStatus.HELD
+            self.held.append(seq)
+        else:
+            seq.status = SequenceStatus.WAITING
+            if first:
+                self.waiting.appendleft(seq)
+            else:
+                self.waiting.append(seq)
+        self.queued_tokens += seq.num_uncomputed_tokens
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> str | None:
         params = seq.params
@@ -291,10 +373,16 @@ class Scheduler:
             self._released.append(seq.seq_id)  # a waiting one has no state in the worker
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
-            self.queued_tokens -= seq.num_tokens
+            self.queued_tokens -= seq.num_uncomputed_tokens
         elif seq.status is SequenceStatus.HELD:
             self.held.remove(seq)
-            self.queued_tokens -= seq.num_tokens
+            self.queued_tokens -= seq.num_uncomputed_tokens
+        elif seq.status is SequenceStatus.FORKING:
+            assert seq.fork_parent is not None
+            seq.fork_parent.forks.remove(seq)
+            seq.fork_parent = None
+        if seq.forks:  # it ends before its prompt was computed: its siblings go on alone
+            self._release_forks(seq, share=False)
         if seq.session:
             self.pins.pin(seq.session, seq)
         self.block_manager.free_blocks(seq)

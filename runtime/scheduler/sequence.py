@@ -9,6 +9,7 @@ from runtime.sampling_params import SamplingParams
 
 class SequenceStatus(enum.Enum):
     HELD = "held"  # arrived while the scheduler was paused: admitted on resume
+    FORKING = "forking"  # a sample of n > 1 waiting for its first sibling's prompt KV
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -28,6 +29,8 @@ class Sequence:
         "block_table",
         "cacheable",
         "finish_reason",
+        "fork_parent",
+        "forks",
         "max_tokens",
         "num_cached_tokens",
         "num_computed_tokens",
@@ -71,6 +74,17 @@ class Sequence:
         self.cacheable = True  # False once its KV mixes weights (a flush while it held blocks)
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
+        self.forks: list[Sequence] = []  # FORKING siblings that will share our prompt's KV
+        self.fork_parent: Sequence | None = None  # while FORKING: whose prompt we wait for
+
+    @property
+    def max_cached_tokens(self) -> int:
+        """Prompt tokens the prefix cache may supply: not those whose logits the request wants
+        (prompt log-probabilities score each token with the logits before it)."""
+        params = self.params
+        if params.prompt_logprobs is None or len(self.token_ids) > self.num_prompt_tokens:
+            return len(self.token_ids)
+        return max(params.prompt_logprobs_start, 1) - 1
 
     @property
     def num_tokens(self) -> int:

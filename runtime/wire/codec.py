@@ -136,6 +136,8 @@ def _check_for(tp: Any) -> Check:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         return _check_tuple(args[0])
+    if origin is tuple and Ellipsis not in args:
+        return _check_record([_check_for(a) for a in args])
     if origin in (typing.Union, types.UnionType) and type(None) in args:
         (inner,) = [a for a in args if a is not type(None)]
         return _check_optional(_check_for(inner))
@@ -194,6 +196,18 @@ def _check_tuple(item_tp: Any) -> Check:
         if type(v) is not list:
             raise WireError(f"{where}: expected a list, got {_show(v)}")
         return tuple([check_item(x, f"{where}[{i}]") for i, x in enumerate(v)])
+
+    return check
+
+
+def _check_record(check_items: list[Check]) -> Check:
+    """A fixed-length tuple such as `tuple[int, float]`."""
+
+    def check(v: Any, where: str) -> tuple[Any, ...]:
+        if type(v) is not list or len(v) != len(check_items):
+            raise WireError(f"{where}: expected a list of {len(check_items)}, got {_show(v)}")
+        pairs = enumerate(zip(check_items, v, strict=True))
+        return tuple([check_item(x, f"{where}[{i}]") for i, (check_item, x) in pairs])
 
     return check
 

@@ -4,6 +4,7 @@ Hot messages (`StepPlan`, `StepResult`, `StepOutputs`) are columnar: one tuple p
 entry per sequence, so a step costs one message per direction whatever the batch size.
 
 Tags are part of the protocol between processes: never reuse or renumber one. Retired: 13.
+Next free: 50.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from runtime.sampling_params import SamplingParams
 from runtime.tracing import ProfileRequest
 from runtime.wire.codec import message, register
+from runtime.wire.stats import SchedulerStats, WorkerStats  # fields here; actors import them
 
 register(1)(SamplingParams)
 register(48)(ProfileRequest)
@@ -28,6 +30,8 @@ class AddRequest:
     max_tokens: int
     params: SamplingParams
     session: str = ""  # the session whose turn it is ("" if none): its KV is kept at the end
+    fork_of: str = ""  # a request of the same Submit with the same prompt, whose computed
+    # prompt KV this one shares ("" if none): sample i > 0 of a request with n > 1
 
 
 @message(3)
@@ -102,32 +106,33 @@ class WorkerReady:
     vocab_size: int  # token ids the model can embed: the scheduler refuses others
 
 
+@message(49)
+class Logprobs:
+    """Log-probabilities at consecutive positions of one sequence: of the token there, and of
+    the `num_top` most likely tokens (most likely first)."""
+
+    first_position: int
+    token_logprobs: tuple[float, ...]  # empty for generated tokens: `StepResult.logprobs`
+    num_top: int
+    top_ids: tuple[int, ...]  # `num_top` per position
+    top_logprobs: tuple[float, ...]
+
+
 @message(14)
 class StepResult:
-    """Worker → scheduler: the token sampled for each sequence that finished its chunk."""
+    """Worker → scheduler: the token sampled for each sequence that finished its chunk.
+
+    `top[i]` and `prompt[i]` belong to `seq_ids[i]`; both are empty tuples when no sequence
+    of the step asked for them. `prompt[i]` comes with a sequence's first sampled token.
+    """
 
     step: int
     seq_ids: tuple[int, ...]
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     stats: WorkerStats  # as of the end of this step
-
-
-@message(15)
-class WorkerStats:
-    """The worker's counters since it started."""
-
-    num_steps: int = 0
-    """Steps computed."""
-    prepare_seconds: float = 0.0
-    """Building each step's input tensors from its plan."""
-    forward_seconds: float = 0.0
-    """The model's forward passes."""
-    sample_seconds: float = 0.0
-    """Sampling, and reading the sampled tokens back."""
-    idle_seconds: float = 0.0
-    """Waiting for a plan that was queued behind the previous step (so could have been there);
-    what messaging and the scheduler cost the worker."""
+    top: tuple[Logprobs | None, ...] = ()
+    prompt: tuple[Logprobs | None, ...] = ()
 
 
 @message(20)
@@ -137,61 +142,6 @@ class EngineReady:
     max_model_len: int
     max_steps_in_flight: int
     worker: WorkerReady
-
-
-@message(21)
-class SchedulerStats:
-    """Gauges (now) and counters (since start) of the scheduler."""
-
-    num_running: int
-    """Sequences in the running batch."""
-    num_waiting: int
-    """Sequences queued: new, or preempted and waiting to be recomputed."""
-    num_free_blocks: int
-    """KV blocks held by no sequence (they may still hold a cached prefix)."""
-    num_total_blocks: int
-    """KV blocks in the pool."""
-    num_steps: int
-    """Steps scheduled."""
-    num_preemptions: int
-    """Sequences preempted to free KV blocks."""
-    num_aborts: int
-    """Abort messages received, including ones for already finished requests."""
-    num_generated_tokens: int
-    """Tokens handed back to requests."""
-    num_cached_tokens: int
-    """Prompt tokens the prefix cache saved from recomputation."""
-    schedule_seconds: float
-    """Deciding what each step computes."""
-    update_seconds: float
-    """Applying each step's sampled tokens: stops, freeing, prefix-cache registration."""
-    wait_seconds: float
-    """Waiting for the worker's results."""
-    num_held: int = 0
-    """Sequences that arrived during a pause, waiting for the resume."""
-    num_waiting_uncached_tokens: int = 0
-    """Tokens the waiting and held sequences still have to compute (before prefix-cache
-    matches, which are found at admission)."""
-    max_num_seqs: int = 0
-    """The running batch's limit now (`set_internal_state` may change it)."""
-
-    @classmethod
-    def idle(cls, num_blocks: int) -> SchedulerStats:
-        """The figures of a scheduler that has done nothing yet."""
-        return cls(
-            num_running=0,
-            num_waiting=0,
-            num_free_blocks=num_blocks,
-            num_total_blocks=num_blocks,
-            num_steps=0,
-            num_preemptions=0,
-            num_aborts=0,
-            num_generated_tokens=0,
-            num_cached_tokens=0,
-            schedule_seconds=0.0,
-            update_seconds=0.0,
-            wait_seconds=0.0,
-        )
 
 
 @message(23)
@@ -217,6 +167,8 @@ class StepOutputs:
     num_cached_tokens: tuple[int, ...]
     scheduler: SchedulerStats
     worker: WorkerStats  # the latest the scheduler has
+    top: tuple[Logprobs | None, ...] = ()  # as in StepResult, by `rids`
+    prompt: tuple[Logprobs | None, ...] = ()
 
 
 # -- control: the frontend steers the engine; each call is answered by one `ControlDone` ------

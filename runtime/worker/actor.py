@@ -123,6 +123,8 @@ class WorkerActor:
                             outcome.token_ids,
                             outcome.logprobs,
                             self.statistics(),
+                            outcome.top,
+                            outcome.prompt,
                         )
                     )
                     finished = time.perf_counter()

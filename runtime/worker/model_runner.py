@@ -20,7 +20,7 @@ from runtime.layers.basic import pack_linears_for_cpu
 from runtime.model_info import load_model_info, resolve_max_model_len
 from runtime.models import MODELS
 from runtime.models.llama import ModelArgs
-from runtime.wire.messages import StepPlan
+from runtime.wire.messages import Logprobs, StepPlan
 from runtime.worker.loader import (
     CheckpointError,
     check_disjoint,
@@ -29,7 +29,9 @@ from runtime.worker.loader import (
     install_tensors,
     load_weights,
 )
-from runtime.worker.sampler import SamplingBatch, make_sampling_batch, sample
+from runtime.worker.logits_processors import LogitsProcessors
+from runtime.worker.logprobs import PromptLogprobs, top_logprobs
+from runtime.worker.sampler import SamplingBatch, choose, make_sampling_batch, sample
 from runtime.worker.seq_table import SeqTable, WorkerSeq
 
 
@@ -41,6 +43,8 @@ class ModelInputs:
     logit_rows: torch.Tensor  # [S] rows whose logits are sampled
     sampled: list[int]  # indices into the plan's sequences, in logit-row order
     sampling: SamplingBatch | None
+    # after the sampled rows: rows scoring prompt tokens, per (seq id, seq, positions)
+    prompt_rows: list[tuple[int, WorkerSeq, range]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +57,8 @@ class StepOutcome:
     prepare_seconds: float
     forward_seconds: float
     sample_seconds: float
+    top: tuple[Logprobs | None, ...] = ()  # by seq_ids, when some sequence asked
+    prompt: tuple[Logprobs | None, ...] = ()
 
 
 def default_num_threads() -> int:
@@ -87,6 +93,11 @@ class ModelRunner:
         self.cache_shape = cache_shape
         self.kv_caches = self._new_kv_caches()
         self.table = SeqTable()
+        self.processors = LogitsProcessors(
+            self.info.vocab_size, self.info.eos_token_ids, self.device
+        )
+        self.prompt_logprobs = PromptLogprobs()
+        self.processed_logprobs = config.logprobs_mode == "processed"
 
     def _new_kv_caches(self) -> torch.Tensor:
         return torch.zeros(self.cache_shape, dtype=self.info.dtype, device=self.device)
@@ -198,7 +209,7 @@ class ModelRunner:
     def execute(self, plan: StepPlan) -> StepOutcome:
         """Run one step: apply the plan to the sequence table, compute, sample."""
         start = time.perf_counter()
-        seqs = self.table.apply(plan)
+        seqs = self._apply(plan)
         inputs = self._prepare(plan, seqs)
         prepared = time.perf_counter()
         assert self.model is not None, "a step while the weights are released"
@@ -207,11 +218,21 @@ class ModelRunner:
         )
         self._synchronize()
         forwarded = time.perf_counter()
+        num_sampled = len(inputs.sampled)
+        if inputs.prompt_rows:
+            self.prompt_logprobs.add(logits[num_sampled:], inputs.prompt_rows)
         token_ids: list[int] = []
         logprobs: list[float] = []
+        top: tuple[Logprobs | None, ...] = ()
+        prompt: tuple[Logprobs | None, ...] = ()
         if inputs.sampling is not None:
-            tokens, token_logprobs = sample(logits, inputs.sampling)
-            token_ids, logprobs = tokens.tolist(), token_logprobs.tolist()
+            seq_ids = [plan.seq_ids[i] for i in inputs.sampled]
+            sampled_seqs = [seqs[i] for i in inputs.sampled]
+            token_ids, logprobs, top = self._sample(
+                logits[:num_sampled], inputs.sampling, seq_ids, sampled_seqs
+            )
+            if self.prompt_logprobs.waiting:
+                prompt = self._first_samples(seq_ids, sampled_seqs)
         sampled_at = dict(zip(inputs.sampled, token_ids, strict=True))
         for i, (seq, n) in enumerate(zip(seqs, plan.num_tokens, strict=True)):
             SeqTable.commit(seq, n, sampled_at.get(i))
@@ -223,7 +244,60 @@ class ModelRunner:
             prepare_seconds=prepared - start,
             forward_seconds=forwarded - prepared,
             sample_seconds=done - forwarded,
+            top=top,
+            prompt=prompt,
         )
+
+    def _apply(self, plan: StepPlan) -> list[WorkerSeq]:
+        """The table brought up to date, and the per-sequence state of what requests asked."""
+        for seq_id in plan.released:
+            self.processors.leave(seq_id)
+            self.prompt_logprobs.leave(seq_id)
+        seqs = self.table.apply(plan)
+        for new in plan.new_seqs:
+            seq = self.table.seqs[new.seq_id]
+            self.processors.arrive(new.seq_id, seq)
+            self.prompt_logprobs.arrive(new.seq_id, seq)
+        return seqs
+
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        batch: SamplingBatch,
+        seq_ids: list[int],
+        seqs: list[WorkerSeq],
+    ) -> tuple[list[int], list[float], tuple[Logprobs | None, ...]]:
+        """Token ids, their log-probabilities, and the top ones where asked."""
+        params = [seq.params for seq in seqs]
+        processes = any(p.processes_logits for p in params)
+        wants_top = any(p.logprobs for p in params)
+        if not processes and not wants_top and not self.processed_logprobs:
+            tokens, token_logprobs = sample(logits, batch)  # nothing asked: the plain path
+            return tokens.tolist(), token_logprobs.tolist(), ()
+        raw = None if self.processed_logprobs else torch.log_softmax(logits, dim=-1)
+        if processes:
+            self.processors.apply(logits, seq_ids, seqs)
+        tokens, processed = choose(logits, batch, processed=self.processed_logprobs)
+        if processes:
+            self.processors.record(seq_ids, seqs, tokens)
+        source = processed if raw is None else raw
+        assert source is not None
+        token_logprobs = source.gather(-1, tokens[:, None]).squeeze(-1)
+        top: tuple[Logprobs | None, ...] = ()
+        if wants_top:
+            positions = [len(seq.token_ids) for seq in seqs]
+            top = top_logprobs(source, [p.logprobs for p in params], positions)
+        return tokens.tolist(), token_logprobs.tolist(), top
+
+    def _first_samples(
+        self, seq_ids: list[int], seqs: list[WorkerSeq]
+    ) -> tuple[Logprobs | None, ...]:
+        """The prompt log-probabilities of sequences sampling their first token now."""
+        prompt = [
+            self.prompt_logprobs.take(s) if seq.num_output_tokens == 0 else None
+            for s, seq in zip(seq_ids, seqs, strict=True)
+        ]
+        return tuple(prompt) if any(p is not None for p in prompt) else ()
 
     def _prepare(self, plan: StepPlan, seqs: list[WorkerSeq]) -> ModelInputs:
         # single-query sequences first: the attention computes them as one gathered batch
@@ -236,6 +310,8 @@ class ModelRunner:
         logit_rows: list[int] = []
         sampled: list[int] = []
         prefills: list[PrefillSlice] = []
+        prompt_rows: list[tuple[int, WorkerSeq, range]] = []
+        prompt_logit_rows: list[int] = []
         for i in order:
             seq, n = seqs[i], plan.num_tokens[i]
             start, computed = len(input_ids), seq.num_computed_tokens
@@ -254,6 +330,12 @@ class ModelRunner:
             if SeqTable.samples(seq, n):
                 logit_rows.append(start + n - 1)
                 sampled.append(i)
+            if self.prompt_logprobs.waiting:
+                scored = self.prompt_logprobs.positions(plan.seq_ids[i], seq, n)
+                if scored:
+                    prompt_rows.append((plan.seq_ids[i], seq, scored))
+                    prompt_logit_rows.extend(start + p - computed for p in scored)
+        logit_rows += prompt_logit_rows  # after the sampled rows
         decode_seqs = [seqs[i] for i in order[:num_decodes]]
         meta = AttentionMetadata(
             slot_mapping=self._tensor(slots),
@@ -268,6 +350,7 @@ class ModelRunner:
             logit_rows=self._tensor(logit_rows),
             sampled=sampled,
             sampling=self._sampling([seqs[i] for i in sampled]) if sampled else None,
+            prompt_rows=prompt_rows,
         )
 
     def _decode_layout(self, seqs: list[WorkerSeq]) -> dict[str, torch.Tensor]:

@@ -71,21 +71,35 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, to
     Returns (token ids [B], their log-probabilities under the unmodified model distribution).
     """
     logprobs = torch.log_softmax(logits, dim=-1)
-    greedy = logits.argmax(dim=-1)
-    if batch.all_greedy:
-        tokens = greedy
-    else:
-        temperature = torch.where(batch.temperature > 0, batch.temperature, 1.0)
-        probs = torch.softmax(logits / temperature[:, None], dim=-1)
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        if batch.needs_filter:
-            sorted_probs = _filter(sorted_probs, batch)
-        cdf = sorted_probs.double().cumsum(dim=-1)
-        target = (batch.uniforms * cdf[:, -1])[:, None]
-        index = torch.searchsorted(cdf, target, right=True).clamp_(max=logits.shape[-1] - 1)
-        sampled = order.gather(-1, index).squeeze(-1)
-        tokens = torch.where(batch.temperature > 0, sampled, greedy)
+    tokens, _ = choose(logits, batch)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def choose(
+    logits: torch.Tensor, batch: SamplingBatch, *, processed: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token ids [B] and, if `processed`, the log-probabilities [B, vocab] of the
+    distribution they were drawn from: after temperature and the filters (greedy rows: of
+    the logits as given, as vLLM's processed logprobs)."""
+    greedy = logits.argmax(dim=-1)
+    plain = torch.log_softmax(logits, dim=-1) if processed else None
+    if batch.all_greedy:
+        return greedy, plain
+    temperature = torch.where(batch.temperature > 0, batch.temperature, 1.0)
+    probs = torch.softmax(logits / temperature[:, None], dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    if batch.needs_filter:
+        sorted_probs = _filter(sorted_probs, batch)
+    cdf = sorted_probs.double().cumsum(dim=-1)
+    target = (batch.uniforms * cdf[:, -1])[:, None]
+    index = torch.searchsorted(cdf, target, right=True).clamp_(max=logits.shape[-1] - 1)
+    sampled = order.gather(-1, index).squeeze(-1)
+    tokens = torch.where(batch.temperature > 0, sampled, greedy)
+    if plain is None:
+        return tokens, None
+    kept = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    drawn_from = torch.log(kept / kept.sum(dim=-1, keepdim=True))
+    return tokens, torch.where(batch.temperature[:, None] > 0, drawn_from, plain)
 
 
 def _filter(sorted_probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

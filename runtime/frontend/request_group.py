@@ -1,0 +1,59 @@
+"""The samples of one `generate` call (`n` of them; usually one), served by one task.
+
+Each sample is a request of its own for the actors (they share the prompt's KV), with its own
+stream and output processor here; the streams share a `Signal`, so the task wakes when any
+sample has something, and yields each sample's outputs tagged with its index.
+"""
+
+from __future__ import annotations
+
+import time
+
+from transformers import PreTrainedTokenizerBase
+
+from runtime.engine_client import RequestOutput
+from runtime.frontend.output_processor import OutputProcessor
+from runtime.frontend.request_stream import RequestStream, Signal
+from runtime.wire.messages import AddRequest
+
+
+class RequestGroup:
+    def __init__(
+        self, label: str, adds: list[AddRequest], tokenizer: PreTrainedTokenizerBase
+    ) -> None:
+        self.adds = adds
+        self.signal = Signal()
+        self.streams = [RequestStream(self.signal) for _ in adds]
+        self.processors = [
+            OutputProcessor(label, tokenizer, add.prompt_token_ids, add.params, index)
+            for index, add in enumerate(adds)
+        ]
+        self._ended = [False] * len(adds)  # its last output was handed over
+        self.detokenize_seconds = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return all(self._ended)
+
+    @property
+    def upstream_done(self) -> bool:
+        """The actors have nothing more for any sample: its output is all here."""
+        return all(stream.upstream_done for stream in self.streams)
+
+    async def wait(self) -> None:
+        """Until some sample has something to take."""
+        while not any(stream.ready for stream in self.streams):
+            await self.signal.wait()
+
+    def take(self) -> list[tuple[int, RequestOutput]]:
+        """(sample index, output) for every sample with something new; raises a sample's
+        error (the whole call fails with it)."""
+        started = time.perf_counter()
+        outputs = []
+        for i, stream in enumerate(self.streams):
+            if stream.ready:
+                output = self.processors[i].process(stream.take())
+                self._ended[i] = output.finished
+                outputs.append((i, output))
+        self.detokenize_seconds += time.perf_counter() - started
+        return outputs
