@@ -34,6 +34,9 @@ def create_app(engine: EngineClient, settings: ServerSettings) -> QuartTrio:
         BODY_TIMEOUT=60,
         MAX_CONTENT_LENGTH=32 * 2**20,
     )
+    # keys in the order the handlers build them: a completion's top_logprobs lists the
+    # sampled token first, as vLLM's do (Quart sorts them by default)
+    app.json.sort_keys = False  # type: ignore[attr-defined]
     state = ServerState(engine, settings)
     app.extensions["runtime"] = state
     _register_basics(app, state)

@@ -14,10 +14,31 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
+from api.client_types import (
+    ChatChoice,
+    ChatCompletion,
+    ChatMessage,
+    Completion,
+    CompletionChoice,
+    Model,
+    Usage,
+)
+
+__all__ = [
+    "APIStatusError",
+    "ChatChoice",
+    "ChatCompletion",
+    "ChatMessage",
+    "Client",
+    "Completion",
+    "CompletionChoice",
+    "Model",
+    "Usage",
+]
 
 
 class APIStatusError(Exception):
@@ -31,86 +52,6 @@ class APIStatusError(Exception):
         self.param: str | None = error.get("param")
         self.code: str | None = error.get("code")
         super().__init__(f"{status_code}: {self.message}")
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-    @classmethod
-    def parse(cls, data: dict[str, Any] | None) -> Usage | None:
-        if not data:
-            return None
-        return cls(data["prompt_tokens"], data["completion_tokens"], data["total_tokens"])
-
-
-@dataclass(frozen=True, slots=True)
-class CompletionChoice:
-    index: int
-    text: str
-    finish_reason: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """A `/v1/completions` answer, or one streamed chunk of it."""
-
-    id: str
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None
-
-    @classmethod
-    def parse(cls, data: dict[str, Any]) -> Completion:
-        choices = [
-            CompletionChoice(c["index"], c["text"], c.get("finish_reason")) for c in data["choices"]
-        ]
-        return cls(data["id"], data["model"], choices, Usage.parse(data.get("usage")))
-
-
-@dataclass(frozen=True, slots=True)
-class ChatMessage:
-    role: str | None
-    content: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class ChatChoice:
-    index: int
-    message: ChatMessage  # for a streamed chunk: the delta
-    finish_reason: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class ChatCompletion:
-    """A `/v1/chat/completions` answer, or one streamed chunk (whose messages are deltas)."""
-
-    id: str
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage | None
-
-    @classmethod
-    def parse(cls, data: dict[str, Any]) -> ChatCompletion:
-        choices = []
-        for c in data["choices"]:
-            message = c.get("message") or c.get("delta") or {}
-            choices.append(
-                ChatChoice(
-                    c["index"],
-                    ChatMessage(message.get("role"), message.get("content")),
-                    c.get("finish_reason"),
-                )
-            )
-        return cls(data["id"], data["model"], choices, Usage.parse(data.get("usage")))
-
-
-@dataclass(frozen=True, slots=True)
-class Model:
-    id: str
-    max_model_len: int | None
 
 
 class Client:
@@ -174,14 +115,21 @@ class Client:
         *,
         rid: str | None = None,
         session_params: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """SGLang's native /generate (text, or token ids): {"text", "output_ids", "meta_info"}.
-        `session_params` ({"id", "rid"?, "offset"?, ...}) continues a session."""
+        **options: Any,
+    ) -> Any:
+        """SGLang's native /generate (text, or token ids): {"text", "output_ids", "meta_info"},
+        or a list of them, one per sample, with `n` > 1 in `sampling_params`.
+        `session_params` ({"id", "rid"?, "offset"?, ...}) continues a session; `options`
+        are the other fields (`return_logprob`, `top_logprobs_num`, `logprob_start_len`,
+        `return_text_in_logprobs`)."""
         body: dict[str, Any] = {"text" if isinstance(prompt, str) else "input_ids": prompt}
-        body |= {"sampling_params": sampling_params or {}, "rid": rid}
+        body |= {"sampling_params": sampling_params or {}, "rid": rid, **options}
         if session_params is not None:
             body["session_params"] = session_params
-        return await self._request("POST", "/generate", body)
+        response = await self._http.post("/generate", json=body)
+        if response.status_code != 200:
+            raise APIStatusError(response.status_code, _json(response.content))
+        return json.loads(response.content)
 
     async def open_session(
         self,

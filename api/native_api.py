@@ -10,6 +10,7 @@ from typing import Any
 from quart import Response, jsonify
 from quart_trio import QuartTrio
 
+from api import logprobs_format
 from api.errors import APIError
 from api.schemas import CloseSessionRequest, GenerateRequest, OpenSessionRequest
 from api.state import ServerState
@@ -23,23 +24,27 @@ from api.streaming import (
     sse_event,
     sse_response,
 )
+from runtime.engine_client import EngineClient
 
 
 def register(app: QuartTrio, state: ServerState) -> None:
     @app.post("/generate")
     async def generate() -> Response:
         req = await state.parse(GenerateRequest)
-        state.admit()
+        n = req.sampling_params.n
+        state.admit(n)
         rid = req.rid or uuid.uuid4().hex
         (prompt,) = await state.encode_all([req.prompt()])
-        state.admit()  # again: others may have come in while this one tokenized
-        streams = state.start([prompt], req.params(), [rid], req.session())
-        version = state.engine.model_card.weight_version
+        params = req.params(len(prompt))
+        state.admit(n)  # again: others may have come in while this one tokenized
+        streams = state.start([prompt], params, [rid], req.session())
+        shape = GenerateShape(state.engine, req, prompt, rid)
         if req.stream:
             outputs = merged(streams, state.metrics, app.nursery)
-            return await sse_response(events(outputs, rid, version))
-        (result,) = await collect_all(streams, state.metrics)
-        return jsonify(body(rid, result, version))
+            return await sse_response(events(outputs, shape, n))
+        results = await collect_all(streams, state.metrics, n)
+        bodies = [shape.body(r, results[0]) for r in results]
+        return jsonify(bodies if n > 1 else bodies[0])
 
     @app.post("/open_session")
     async def open_session() -> Response:
@@ -63,32 +68,63 @@ def register(app: QuartTrio, state: ServerState) -> None:
         return Response(b"", 200)
 
 
-async def events(outputs: Merged, rid: str, weight_version: str) -> AsyncIterator[bytes]:
-    """Like SGLang: each event carries the whole text and ids so far."""
-    result = Collected()
+async def events(outputs: Merged, shape: GenerateShape, n: int) -> AsyncIterator[bytes]:
+    """Like SGLang: each event carries the whole text and ids so far (and, with n > 1, the
+    sample's `index`)."""
+    results = [Collected(index=i) for i in range(n)]
     try:
         async with aclosing(outputs):
             async for _, out in outputs:
+                result = results[out.index]
                 result.add(out)
-                yield sse_event(body(rid, result, weight_version))
+                body = shape.body(result, results[0])
+                yield sse_event(body | {"index": out.index} if n > 1 else body)
     except Exception as exc:
         yield error_event(exc)
     yield SSE_DONE
 
 
-def body(rid: str, result: Collected, weight_version: str) -> dict[str, Any]:
-    return {
-        "text": result.text,
-        "output_ids": result.token_ids,
-        "meta_info": {
-            "id": rid,
+class GenerateShape:
+    """`/generate` answers: text, ids, meta_info (with log-probabilities if asked)."""
+
+    def __init__(
+        self, engine: EngineClient, req: GenerateRequest, prompt: list[int], rid: str
+    ) -> None:
+        self.engine = engine
+        self.req = req
+        self.prompt = prompt
+        self.rid = rid
+        self.weight_version = engine.model_card.weight_version
+
+    def body(self, result: Collected, first: Collected) -> dict[str, Any]:
+        """`first`: the request's first sample, which has the prompt's log-probabilities."""
+        meta = {
+            "id": self.rid,
             "finish_reason": finish_reason(result),
             "prompt_tokens": result.num_prompt_tokens,
             "completion_tokens": len(result.token_ids),
             "cached_tokens": result.num_cached_tokens,
-            "weight_version": weight_version,
-        },
-    }
+            "weight_version": self.weight_version,
+        }
+        if self.req.return_logprob:
+            meta |= self._logprobs(result, first)
+        return {"text": result.text, "output_ids": result.token_ids, "meta_info": meta}
+
+    def _logprobs(self, result: Collected, first: Collected) -> dict[str, Any]:
+        """SGLang's: the input's from `logprob_start_len` on, its first entry always null."""
+        req, with_text = self.req, self.req.return_text_in_logprobs
+        start = req.logprob_start(len(self.prompt))
+        scored = [logprobs_format.Scored(self.prompt[start], None, None)]
+        scored += logprobs_format.prompt(first.prompt_logprobs or [])
+        inputs, input_tops = logprobs_format.sglang(self.engine, scored, with_text)
+        generated = logprobs_format.generated(
+            result.token_ids, result.logprobs, result.top_logprobs
+        )
+        outputs, output_tops = logprobs_format.sglang(self.engine, generated, with_text)
+        meta: dict[str, Any] = {"input_token_logprobs": inputs, "output_token_logprobs": outputs}
+        if req.top_logprobs_num > 0:
+            meta |= {"input_top_logprobs": input_tops, "output_top_logprobs": output_tops}
+        return meta
 
 
 def finish_reason(result: Collected) -> dict[str, Any] | None:

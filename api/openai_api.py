@@ -11,6 +11,7 @@ from typing import Any, Literal
 from quart import Response, jsonify
 from quart_trio import QuartTrio
 
+from api import logprobs_format
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.state import ServerState
 from api.streaming import (
@@ -24,7 +25,7 @@ from api.streaming import (
     sse_event,
     sse_response,
 )
-from runtime.engine_client import RequestOutput
+from runtime.engine_client import EngineClient, RequestOutput
 
 
 def register(app: QuartTrio, state: ServerState) -> None:
@@ -33,37 +34,47 @@ def register(app: QuartTrio, state: ServerState) -> None:
         req = await state.parse(CompletionRequest)
         state.check_model(req.model)
         prompts = req.prompts()
-        state.admit(len(prompts))
+        params = req.params()
+        state.admit(len(prompts) * req.n)
         token_ids = await state.encode_all(prompts)
-        state.admit(len(prompts))  # again: others may have come in while this one tokenized
+        state.admit(len(prompts) * req.n)  # again: others may have come in meanwhile
         head = response_head(state, f"cmpl-{uuid.uuid4().hex}", "text_completion")
         rids = [f"{head['id']}-{i}" for i in range(len(prompts))]
-        streams = state.start(token_ids, req.sampling_params(req.max_tokens), rids)
+        streams = state.start(token_ids, params, rids)
+        echoes = [await echo_text(state.engine, p) for p in prompts] if req.echo else None
+        shape = CompletionShape(state.engine, req, echoes)
         if req.stream:
             outputs = merged(streams, state.metrics, app.nursery)
-            return await sse_response(completion_events(outputs, head, req.include_usage))
-        results = await collect_all(streams, state.metrics)
-        choices = [completion_choice(i, r) for i, r in enumerate(results)]
+            return await sse_response(completion_events(outputs, head, req, shape))
+        results = await collect_all(streams, state.metrics, req.n)
+        choices = [shape.choice(i, r, results[i - r.index]) for i, r in enumerate(results)]
         return jsonify(head | {"choices": choices, "usage": usage(results)})
 
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
         req = await state.parse(ChatCompletionRequest)
         state.check_model(req.model)
-        state.admit()
-        params = req.sampling_params(req.max_output_tokens)
+        params = req.params()
+        state.admit(req.n)
         prompt = await state.chat_prompt(req.conversation())
-        state.admit()  # again: others may have come in while this one was rendered
+        state.admit(req.n)  # again: others may have come in while this one was rendered
         head = response_head(state, f"chatcmpl-{uuid.uuid4().hex}", "chat.completion")
         streams = state.start([prompt], params, [head["id"]])
         if req.stream:
             head["object"] = "chat.completion.chunk"
             outputs = merged(streams, state.metrics, app.nursery)
-            return await sse_response(chat_events(outputs, head, req.include_usage))
-        (result,) = await collect_all(streams, state.metrics)
-        message = {"role": "assistant", "content": result.text}
-        choice = chat_choice("message", message, result)
-        return jsonify(head | {"choices": [choice], "usage": usage([result])})
+            return await sse_response(chat_events(state.engine, outputs, head, req))
+        results = await collect_all(streams, state.metrics, req.n)
+        choices = [
+            chat_choice(
+                "message",
+                {"role": "assistant", "content": r.text},
+                r,
+                chat_logprobs(state.engine, req, r),
+            )
+            for r in results
+        ]
+        return jsonify(head | {"choices": choices, "usage": usage(results)})
 
 
 def response_head(state: ServerState, request_id: str, kind: str) -> dict[str, Any]:
@@ -75,36 +86,95 @@ def response_head(state: ServerState, request_id: str, kind: str) -> dict[str, A
     }
 
 
-def completion_choice(index: int, end: Collected | RequestOutput) -> dict[str, Any]:
-    """A choice's last (or only) piece: its text, and why it ended."""
+async def echo_text(engine: EngineClient, prompt: str | list[int]) -> str:
+    return prompt if isinstance(prompt, str) else await engine.detokenize(prompt)
+
+
+class CompletionShape:
+    """A completion's choices: prompt echoed or not, log-probabilities or not."""
+
+    def __init__(self, engine: EngineClient, req: CompletionRequest, echoes: list[str] | None):
+        self.engine = engine
+        self.n = req.n
+        self.num_top = req.logprobs
+        self.echoes = echoes
+        self._offsets: dict[int, int] = {}  # streamed text so far, by choice
+
+    def choice(self, index: int, end: Collected | RequestOutput, first: Collected) -> dict:
+        """A whole choice; `first` is its prompt's first sample (the one with the prompt's
+        log-probabilities)."""
+        text = end.text
+        logprobs = None
+        if self.echoes is not None:
+            text = self.echoes[index // self.n] + text
+        if self.num_top is not None:
+            scored = logprobs_format.generated(end.token_ids, end.logprobs, end.top_logprobs)
+            if self.echoes is not None:
+                scored = logprobs_format.prompt(first.prompt_logprobs or []) + scored
+            logprobs = logprobs_format.completion(self.engine, scored, self.num_top)
+        return completion_choice(index, text, end, logprobs)
+
+    def chunk_logprobs(
+        self, index: int, out: RequestOutput, echoed: Collected | None
+    ) -> dict[str, Any] | None:
+        """A streamed piece's log-probabilities (`echoed`: on a choice's first piece, with
+        the prompt echoed, its prompt's first sample); offsets go on from the last piece."""
+        if self.num_top is None:
+            return None
+        scored = logprobs_format.generated(out.token_ids, out.logprobs, out.top_logprobs)
+        if echoed is not None:
+            scored = logprobs_format.prompt(echoed.prompt_logprobs or []) + scored
+        offset = self._offsets.get(index, 0)
+        logprobs = logprobs_format.completion(self.engine, scored, self.num_top, offset)
+        tokens = logprobs["tokens"]
+        self._offsets[index] = offset + sum(len(t) for t in tokens)
+        return logprobs
+
+
+def completion_choice(
+    index: int, text: str, end: Collected | RequestOutput, logprobs: dict[str, Any] | None
+) -> dict[str, Any]:
     return {
         "index": index,
-        "text": end.text,
-        "logprobs": None,
+        "text": text,
+        "logprobs": logprobs,
         "finish_reason": end.finish_reason,
         "stop_reason": end.matched_stop,
     }
+
+
+def chat_logprobs(
+    engine: EngineClient, req: ChatCompletionRequest, result: Collected | RequestOutput
+) -> dict[str, Any] | None:
+    if not req.logprobs:
+        return None
+    scored = logprobs_format.generated(result.token_ids, result.logprobs, result.top_logprobs)
+    return logprobs_format.chat(engine, scored)
 
 
 def chat_choice(
     key: Literal["message", "delta"],
     content: dict[str, Any],
     end: Collected | RequestOutput | None = None,
+    logprobs: dict[str, Any] | None = None,
+    index: int = 0,
 ) -> dict[str, Any]:
     """A chat choice: `key` is "message" (whole) or "delta" (a streamed chunk)."""
     return {
-        "index": 0,
+        "index": end.index if end is not None else index,
         key: content,
-        "logprobs": None,
+        "logprobs": logprobs,
         "finish_reason": end.finish_reason if end is not None else None,
         "stop_reason": end.matched_stop if end is not None else None,
     }
 
 
 def usage(results: list[Collected]) -> dict[str, Any]:
-    prompt = sum(r.num_prompt_tokens for r in results)
+    """A prompt counts once, however many samples it had."""
+    firsts = [r for r in results if r.index == 0]
+    prompt = sum(r.num_prompt_tokens for r in firsts)
     completion = sum(len(r.token_ids) for r in results)
-    cached = sum(r.num_cached_tokens for r in results)
+    cached = sum(r.num_cached_tokens for r in firsts)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -114,7 +184,7 @@ def usage(results: list[Collected]) -> dict[str, Any]:
 
 
 async def completion_events(
-    outputs: Merged, head: dict[str, Any], include_usage: bool
+    outputs: Merged, head: dict[str, Any], req: CompletionRequest, shape: CompletionShape
 ) -> AsyncIterator[bytes]:
     results: dict[int, Collected] = {}
     chunks = TextChunks(
@@ -123,37 +193,51 @@ async def completion_events(
     try:
         async with aclosing(outputs):
             async for i, out in outputs:
-                results.setdefault(i, Collected()).add(out)
-                if out.finished:
-                    yield sse_event(head | {"choices": [completion_choice(i, out)]})
-                elif out.text:
-                    yield chunks.event(i, out.text)
+                index = i * req.n + out.index
+                first = index not in results
+                results.setdefault(index, Collected()).add(out)
+                text, echoed = out.text, None
+                if first and shape.echoes is not None:
+                    text, echoed = shape.echoes[i] + text, results.get(i * req.n)
+                if out.finished or shape.num_top is not None:
+                    logprobs = shape.chunk_logprobs(index, out, echoed)
+                    choice = completion_choice(index, text, out, logprobs)
+                    if out.finished or text or out.token_ids:
+                        yield sse_event(head | {"choices": [choice]})
+                elif text:
+                    yield chunks.event(index, text)
     except Exception as exc:  # the status line is gone: report in-band, then end the stream
         yield error_event(exc)
-    if include_usage:
+    if req.include_usage:
         yield sse_event(head | {"choices": [], "usage": usage(list(results.values()))})
     yield SSE_DONE
 
 
 async def chat_events(
-    outputs: Merged, head: dict[str, Any], include_usage: bool
+    engine: EngineClient, outputs: Merged, head: dict[str, Any], req: ChatCompletionRequest
 ) -> AsyncIterator[bytes]:
-    result = Collected()
+    results = [Collected(index=i) for i in range(req.n)]
     role = {"role": "assistant", "content": ""}  # OpenAI sends the role first, on its own
-    yield sse_event(head | {"choices": [chat_choice("delta", role)]})
+    for i in range(req.n):
+        yield sse_event(head | {"choices": [chat_choice("delta", role, index=i)]})
     chunks = TextChunks(
         head, ',"delta":{"content":', '},"logprobs":null,"finish_reason":null,"stop_reason":null'
     )
     try:
         async with aclosing(outputs):
             async for _, out in outputs:
-                result.add(out)
-                if out.text:
-                    yield chunks.event(0, out.text)
+                results[out.index].add(out)
+                if req.logprobs and out.token_ids:
+                    delta = {"content": out.text}
+                    logprobs = chat_logprobs(engine, req, out)
+                    choice = chat_choice("delta", delta, None, logprobs, out.index)
+                    yield sse_event(head | {"choices": [choice]})
+                elif out.text:
+                    yield chunks.event(out.index, out.text)
                 if out.finished:
                     yield sse_event(head | {"choices": [chat_choice("delta", {}, out)]})
     except Exception as exc:
         yield error_event(exc)
-    if include_usage:
-        yield sse_event(head | {"choices": [], "usage": usage([result])})
+    if req.include_usage:
+        yield sse_event(head | {"choices": [], "usage": usage(results)})
     yield SSE_DONE

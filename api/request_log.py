@@ -50,12 +50,21 @@ class Entry:
     open: int = 0
 
     def add(self, index: int, out: RequestOutput) -> None:
-        o = self.outputs[index]
+        o = self.outputs[index] if out.index == 0 else self._sample(index, out.index)
         o["text"] += out.text
         o["completion_tokens"] += len(out.token_ids)
         o["prompt_tokens"] = out.num_prompt_tokens
         o["cached_tokens"] = out.num_cached_tokens
         o["finish_reason"] = out.finish_reason
+
+    def _sample(self, index: int, sample: int) -> dict[str, Any]:
+        """Sample i > 0 of prompt `index` (n > 1): an output of its own, after the prompts'."""
+        for o in self.outputs:
+            if o.get("prompt_index") == index and o.get("sample") == sample:
+                return o
+        o = _empty_output() | {"prompt_index": index, "sample": sample}
+        self.outputs.append(o)
+        return o
 
     def record(self) -> dict[str, Any]:
         return {
@@ -96,11 +105,7 @@ class RequestLog:
 
     def begin(self, path: str, body: dict[str, Any], rids: list[str]) -> Entry:
         entry = Entry(time.time(), time.monotonic(), path, body, rids, open=len(rids))
-        entry.outputs = [
-            {"text": "", "completion_tokens": 0, "prompt_tokens": 0, "cached_tokens": 0,
-             "finish_reason": None}
-            for _ in rids
-        ]  # fmt: skip
+        entry.outputs = [_empty_output() for _ in rids]
         return entry
 
     async def observe(
@@ -162,3 +167,13 @@ def at_level(record: dict[str, Any], level: int) -> dict[str, Any]:
 
 def _cut(text: str) -> str:
     return text if len(text) <= CUT else text[:CUT] + f"... ({len(text)} characters)"
+
+
+def _empty_output() -> dict[str, Any]:
+    return {
+        "text": "",
+        "completion_tokens": 0,
+        "prompt_tokens": 0,
+        "cached_tokens": 0,
+        "finish_reason": None,
+    }

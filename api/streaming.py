@@ -19,7 +19,13 @@ from quart import Response, make_response
 
 from api.errors import APIError, engine_stopped, timed_out
 from api.metrics import Metrics
-from runtime.engine_client import EngineDeadError, RequestOutput, RequestTimeoutError
+from runtime.engine_client import (
+    EngineDeadError,
+    PromptLogprob,
+    RequestOutput,
+    RequestTimeoutError,
+    TopLogprobs,
+)
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -73,22 +79,31 @@ async def sse_response(events: AsyncIterator[bytes]) -> Response:
 
 @dataclass(slots=True)
 class Collected:
-    """A finished request, whole."""
+    """One sample of a finished request, whole."""
 
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[TopLogprobs] | None = None
+    prompt_logprobs: list[PromptLogprob] | None = None
     finish_reason: str | None = None
     matched_stop: str | int | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    index: int = 0  # which of the request's samples
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text
         self.token_ids += out.token_ids
+        self.logprobs += out.logprobs
+        if out.top_logprobs is not None:
+            self.top_logprobs = (self.top_logprobs or []) + out.top_logprobs
+        self.prompt_logprobs = self.prompt_logprobs or out.prompt_logprobs
         self.finish_reason = out.finish_reason
         self.matched_stop = out.matched_stop
         self.num_prompt_tokens = out.num_prompt_tokens
         self.num_cached_tokens = out.num_cached_tokens
+        self.index = out.index
 
 
 async def timed(
@@ -111,15 +126,15 @@ async def timed(
 
 
 async def collect_all(
-    streams: list[AsyncGenerator[RequestOutput, None]], metrics: Metrics
+    streams: list[AsyncGenerator[RequestOutput, None]], metrics: Metrics, n: int = 1
 ) -> list[Collected]:
-    """Run every request to its end, concurrently."""
-    results = [Collected() for _ in streams]
+    """Run every request to its end, concurrently: its `n` samples each, request by request."""
+    results = [Collected(index=i % n) for i in range(len(streams) * n)]
 
     async def run(i: int) -> None:
         async with aclosing(timed(streams[i], metrics)) as outputs:
             async for out in outputs:
-                results[i].add(out)
+                results[i * n + out.index].add(out)
 
     async with trio.open_nursery() as nursery:
         for i in range(len(streams)):

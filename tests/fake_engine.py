@@ -91,11 +91,16 @@ class FakeEngine(EngineClient):
                 stop = next((s for s in params.stop if s in word), None)
                 if stop is not None:
                     done = True
-                    yield self._output(rid, [i], word[: word.index(stop)], "stop", stop, prompt_len)
+                    out = self._output(rid, [i], word[: word.index(stop)], "stop", stop, prompt_len)
+                    for sample in self._samples(out, params):
+                        yield sample
                     return
                 reason = "length" if i == count - 1 else None
                 done = reason is not None
-                yield self._output(rid, [i], word, reason, None, prompt_len)
+                for sample in self._samples(
+                    self._output(rid, [i], word, reason, None, prompt_len), params
+                ):
+                    yield sample
         finally:
             self.open.discard(rid)
             (self.finished if done else self.aborted).append(rid)
@@ -110,6 +115,12 @@ class FakeEngine(EngineClient):
         prompt_len: int,
     ) -> RequestOutput:
         return RequestOutput(rid, ids, [-0.5] * len(ids), text, reason, matched, prompt_len, 0)
+
+    @staticmethod
+    def _samples(out: RequestOutput, params: SamplingParams) -> list[RequestOutput]:
+        """The same output for each of the `n` samples, with top log-probabilities if asked."""
+        top = [((t, -0.5),) for t in out.token_ids] if params.logprobs is not None else None
+        return [dataclasses.replace(out, index=i, top_logprobs=top) for i in range(params.n)]
 
     def abort(self, rid: str) -> None:
         self.aborted.append(rid)
@@ -290,6 +301,9 @@ class FakeEngine(EngineClient):
         if any(t >= 100 for t in token_ids):
             raise ValueError("token ids must be ints in [0, 100)")
         return "".join(chr(t + 32) for t in token_ids)
+
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        return [chr(t + 32) for t in token_ids]
 
     async def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         await trio.lowlevel.checkpoint()

@@ -82,10 +82,10 @@ BAD_REQUESTS = [
     (
         "POST",
         "/v1/completions",
-        {"model": MODEL, "prompt": "hi", "n": 2},
+        {"model": MODEL, "prompt": "hi", "n": 0},
         400,
         "n",
-        "unsupported_parameter",
+        "invalid_value",
     ),
     (
         "POST",
@@ -98,18 +98,18 @@ BAD_REQUESTS = [
     (
         "POST",
         "/v1/completions",
-        {"model": MODEL, "prompt": "hi", "logprobs": 2},
+        {"model": MODEL, "prompt": "hi", "logprobs": -1},
         400,
         "logprobs",
-        "unsupported_parameter",
+        "invalid_value",
     ),
     (
         "POST",
         "/v1/completions",
-        {"model": MODEL, "prompt": "hi", "presence_penalty": 0.5},
+        {"model": MODEL, "prompt": "hi", "presence_penalty": 2.5},
         400,
         "presence_penalty",
-        "unsupported_parameter",
+        "invalid_value",
     ),
     (
         "POST",
@@ -167,9 +167,9 @@ BAD_REQUESTS = [
     (
         "POST",
         "/v1/chat/completions",
-        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "logprobs": True},
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
         400,
-        "logprobs",
+        "top_logprobs",
         "unsupported_parameter",
     ),
     (

@@ -104,3 +104,21 @@ async def test_a_dump_that_cannot_be_written_fails_no_request(
         stop = {"dump_requests_folder": ""}
         response = await client.post("/configure_logging", json=stop, headers=AUTH)
         assert response.status_code == 200
+
+
+async def test_each_sample_is_an_output(
+    caplog: pytest.LogCaptureFixture, engine: FakeEngine
+) -> None:
+    caplog.set_level(logging.INFO, logger="runtime.requests")
+    app = create_app(engine, settings(log_requests=True, log_requests_level=3))
+    async with app.test_app() as test_app:
+        body = BODY | {"n": 3, "temperature": 1.0}
+        response = await test_app.test_client().post("/v1/completions", json=body, headers=AUTH)
+        assert response.status_code == 200
+    (record,) = logged(caplog)
+    assert [(o.get("prompt_index"), o.get("sample")) for o in record["outputs"]] == [
+        (None, None),
+        (0, 1),
+        (0, 2),
+    ]
+    assert all(o["text"] == "alpha beta gamma " for o in record["outputs"])

@@ -172,7 +172,7 @@ BAD_INPUTS = [
     ({"model": "tiny", "prompt": "hi", "temperature": 7}, {}, 400),
     ({"model": "tiny", "prompt": [1, 2, 99999]}, {}, 400),  # token id outside the vocabulary
     ({"model": "tiny", "prompt": "word " * 600}, {}, 400),  # longer than the context
-    ({"model": "tiny", "prompt": "hi", "n": 3}, {}, 400),
+    ({"model": "tiny", "prompt": "hi", "n": 99}, {}, 400),  # over --max-n
     ({"model": "tiny", "prompt": "hi", "seed": 2**70}, {}, 400),
     ({"model": "tiny", "prompt": "a\ud800b"}, {}, 400),  # a lone surrogate: not Unicode text
     ({"model": "nope", "prompt": "hi"}, {}, 404),

@@ -1,0 +1,135 @@
+"""What the trio client returns: OpenAI's answers, parsed into dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def parse(cls, data: dict[str, Any] | None) -> Usage | None:
+        if not data:
+            return None
+        return cls(data["prompt_tokens"], data["completion_tokens"], data["total_tokens"])
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionLogprobs:
+    """OpenAI's completion log-probabilities: per token its text, log-probability (None for
+    an echoed prompt's first token), most likely tokens by text, and offset in the text."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+    @classmethod
+    def parse(cls, data: dict[str, Any] | None) -> CompletionLogprobs | None:
+        if data is None:
+            return None
+        return cls(
+            data["tokens"], data["token_logprobs"], data["top_logprobs"], data["text_offset"]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One token of OpenAI's chat log-probabilities (`top_logprobs` empty for alternatives)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TokenLogprob]
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> TokenLogprob:
+        top = [cls.parse(t) for t in data.get("top_logprobs") or []]
+        return cls(data["token"], data["logprob"], data.get("bytes"), top)
+
+
+def parse_chat_logprobs(data: dict[str, Any] | None) -> list[TokenLogprob] | None:
+    if data is None:
+        return None
+    return [TokenLogprob.parse(t) for t in data.get("content") or []]
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionChoice:
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: CompletionLogprobs | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A `/v1/completions` answer, or one streamed chunk of it."""
+
+    id: str
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> Completion:
+        choices = [
+            CompletionChoice(
+                c["index"],
+                c["text"],
+                c.get("finish_reason"),
+                CompletionLogprobs.parse(c.get("logprobs")),
+            )
+            for c in data["choices"]
+        ]
+        return cls(data["id"], data["model"], choices, Usage.parse(data.get("usage")))
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str | None
+    content: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatChoice:
+    index: int
+    message: ChatMessage  # for a streamed chunk: the delta
+    finish_reason: str | None
+    logprobs: list[TokenLogprob] | None = None  # the `content` of OpenAI's
+
+
+@dataclass(frozen=True, slots=True)
+class ChatCompletion:
+    """A `/v1/chat/completions` answer, or one streamed chunk (whose messages are deltas)."""
+
+    id: str
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> ChatCompletion:
+        choices = []
+        for c in data["choices"]:
+            message = c.get("message") or c.get("delta") or {}
+            choices.append(
+                ChatChoice(
+                    c["index"],
+                    ChatMessage(message.get("role"), message.get("content")),
+                    c.get("finish_reason"),
+                    parse_chat_logprobs(c.get("logprobs")),
+                )
+            )
+        return cls(data["id"], data["model"], choices, Usage.parse(data.get("usage")))
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    id: str
+    max_model_len: int | None
