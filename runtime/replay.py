@@ -68,10 +68,11 @@ def _take_event(
     if "error" in event:
         record.error = str(event["error"])
         return False
-    if path == "/generate":  # SGLang's events carry the whole text so far
-        grew = len(event["text"]) > len(texts.get(0, ""))
-        texts[0] = event["text"]
-        record.output_tokens = event["meta_info"]["completion_tokens"]
+    if path == "/generate":  # SGLang's events carry the sample's whole text so far
+        i = event.get("index", 0)  # which sample, with n > 1
+        grew = len(event["text"]) > len(texts.get(i, ""))
+        texts[i] = event["text"]
+        record.output_tokens = event["meta_info"]["completion_tokens"]  # the last sample's
         return grew
     if event.get("usage"):
         record.output_tokens = event["usage"]["completion_tokens"]

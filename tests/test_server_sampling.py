@@ -3,6 +3,7 @@ client (completions and chat, streamed and not), SGLang's /generate and our trio
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -232,3 +233,39 @@ def test_the_sampled_token_is_listed_even_outside_the_top(oai: openai.OpenAI) ->
     for i in outside:
         assert next(iter(lp.top_logprobs[i])) == lp.tokens[i]  # first, then the top one
         assert lp.token_logprobs[i] < max(lp.top_logprobs[i].values())
+
+
+def test_streamed_samples_of_chat_and_generate(oai: openai.OpenAI, server: ServerProcess) -> None:
+    kwargs = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 5,
+        "n": 2,
+        "seed": 4,
+        "temperature": 1.0,
+    }
+    whole = oai.chat.completions.create(**kwargs)
+    texts = {0: "", 1: ""}
+    roles = []
+    for chunk in oai.chat.completions.create(**kwargs, stream=True):
+        for c in chunk.choices:
+            roles += [c.index] if c.delta.role else []
+            texts[c.index] += c.delta.content or ""
+    assert roles == [0, 1]
+    assert texts == {c.index: c.message.content for c in whole.choices}
+    body = {
+        "text": PROMPT,
+        "sampling_params": {"max_new_tokens": 3, "n": 2, "seed": 4},
+        "return_logprob": True,
+        "stream": True,
+    }
+    last: dict[int, dict] = {}
+    with httpx.stream("POST", server.url + "/generate", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                last[event["index"]] = event
+    assert sorted(last) == [0, 1]
+    answers = generate(server, **(body | {"stream": False}))
+    assert [a["output_ids"] for a in answers] == [last[0]["output_ids"], last[1]["output_ids"]]
+    assert all(len(e["meta_info"]["output_token_logprobs"]) == 3 for e in last.values())
