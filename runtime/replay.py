@@ -72,7 +72,8 @@ def _take_event(
         i = event.get("index", 0)  # which sample, with n > 1
         grew = len(event["text"]) > len(texts.get(i, ""))
         texts[i] = event["text"]
-        record.output_tokens = event["meta_info"]["completion_tokens"]  # the last sample's
+        record.sample_tokens[i] = event["meta_info"]["completion_tokens"]
+        record.output_tokens = sum(record.sample_tokens.values())
         return grew
     if event.get("usage"):
         record.output_tokens = event["usage"]["completion_tokens"]

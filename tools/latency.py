@@ -18,6 +18,7 @@ class RequestRecord:
     chunk_times: list[float] = field(default_factory=list)
     output_tokens: int = 0
     error: str | None = None
+    sample_tokens: dict[int, int] = field(default_factory=dict)  # /generate, n > 1: by sample
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
