@@ -99,8 +99,8 @@ class ServerState:
         if num_sequences > limit:
             raise APIError(
                 400,
-                f"{num_sequences} prompts in one request, but this server runs at most {limit} "
-                "at once",
+                f"{num_sequences} sequences (prompts times n) in one request, but this server "
+                f"runs at most {limit} at once",
                 param="prompt",
                 code="too_many_prompts",
             )

@@ -14,7 +14,7 @@ from runtime.sampling_params import SamplingParams
 from runtime.scheduler.actor import plan_message
 from runtime.scheduler.block_manager import BlockManager
 from runtime.scheduler.pipeline import StepPipeline
-from runtime.scheduler.scheduler import Sample, SampledToken, ScheduledStep, Scheduler
+from runtime.scheduler.scheduler import SampledToken, ScheduledStep, Scheduler
 from runtime.scheduler.sequence import Sequence, SequenceStatus
 from runtime.wire.codec import decode, encode
 from runtime.wire.messages import StepPlan
@@ -106,7 +106,7 @@ class CoreHarness:
             token = None
             if scheduled.samples[i]:
                 token = self.rng.randrange(0, 8)  # small vocab: EOS (0) comes up often
-                sampled[seq_id] = Sample(token, -1.0)
+                sampled[seq_id] = (token, -1.0, None, None)
             SeqTable.commit(ws, n, token)
         for rid in abort_in_flight:  # arrive while the worker computes
             self.abort(rid)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from runtime.config import EngineConfig
+from runtime.engine_client import SessionParams
 from runtime.frontend.launch import open_engine
 from runtime.sampling_params import SamplingParams
 from tests.engine_helpers import collect, consume_samples, random_prompts
@@ -79,3 +80,12 @@ async def test_limits_on_n_and_logprobs_are_clear_errors(llama_dir: Path) -> Non
             engine.generate(PROMPT[:5], SamplingParams(logit_bias=((10**6, 1.0),)))
         with pytest.raises(ValueError, match="prompt has 5 tokens"):
             engine.generate(PROMPT[:5], SamplingParams(prompt_logprobs=1, prompt_logprobs_start=5))
+        with pytest.raises(ValueError, match="also a bad word"):
+            engine.generate(
+                PROMPT[:5], SamplingParams(allowed_token_ids=(9,), bad_words_token_ids=((9,),))
+            )
+        session = SessionParams(engine.open_session(1000))
+        with pytest.raises(ValueError, match="not available in a session turn"):
+            engine.generate(PROMPT[:5], SamplingParams(prompt_logprobs=0), session=session)
+        with pytest.raises(ValueError, match="a session turn takes n=1"):
+            engine.generate(PROMPT[:5], SamplingParams(n=2), session=session)

@@ -320,3 +320,22 @@ def test_reused_ids_never_corrupt_the_core(ops: list, depth: int) -> None:
     h.run_until_idle()
     assert set(h.finished) == set(h.outputs) and accepted >= len(h.finished)
     assert h.bm.num_free_blocks == h.bm.num_blocks
+
+
+def test_forks_share_the_prompt_and_let_go_after_a_weight_update() -> None:
+    h = CoreHarness(block_size=4, num_blocks=16)
+    prompt = list(range(1, 11))  # two full blocks shared, the third recomputed
+    h.add("a", prompt, max_tokens=3)
+    h.add("a.1", prompt, max_tokens=3, fork_of="a")
+    h.add("a.2", prompt, max_tokens=3, fork_of="a")
+    assert [s.rid for s in h.sched.waiting] == ["a"]  # the samples wait for its prompt
+    h.step()
+    forks = [h.sched.by_rid["a.1"], h.sched.by_rid["a.2"]]
+    parent = h.sched.by_rid["a"]
+    assert [f.block_table for f in forks] == [parent.block_table[:2]] * 2
+    assert h.bm.blocks[parent.block_table[0]].ref_count == 3
+    h.sched.flush_cache(allow_open=True)  # new weights: the forks compute the prompt again
+    assert [f.block_table for f in forks] == [[], []]
+    h.run_until_idle()
+    assert set(h.finished) == {"a", "a.1", "a.2"}
+    assert h.bm.num_free_blocks == h.bm.num_blocks

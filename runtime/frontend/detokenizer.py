@@ -4,8 +4,10 @@ Built on `tokenizers`' DecodeStream, which holds back the bytes of a character s
 tokens until it is complete, so no U+FFFD leaks from a half-decoded character. The stream is
 primed with the end of the prompt so the first output token is spaced as it is mid-text.
 
-With special tokens kept in the text, `spaces_between_special_tokens` spaces each added token
-(special or not) from its neighbours, as slow Hugging Face tokenizers' `decode` does.
+With special tokens kept in the text, the stream's text is what fast tokenizers decode; turning
+`spaces_between_special_tokens` off returns consecutive added tokens without the space some
+decoders put before them, as vLLM's fast detokenizer does (slow Hugging Face tokenizers add
+spaces around them instead; we require fast ones).
 """
 
 from __future__ import annotations
@@ -33,24 +35,17 @@ class IncrementalDetokenizer:
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         for token_id in prompt_token_ids[-_PROMPT_CONTEXT:]:
             self._stream.step(backend, token_id)  # its text belongs to the prompt: dropped
-        self._added: dict[int, str] = {}  # id -> text of the tokens to space
-        if not skip_special_tokens and spaces_between_special_tokens:
+        self._added: dict[int, str] = {}  # id -> text of the added tokens, when unspaced
+        if not skip_special_tokens and not spaces_between_special_tokens:
             self._added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
-        self._emitted = False  # some text came out already
-        self._after_added = False  # the last text was an added token's
+        self._last_added = False  # the last token was an added one
 
     def push(self, token_id: int) -> str:
         """Text that token completes (empty while a character is still partial)."""
-        if not self._added:
-            return self._stream.step(self._backend, token_id) or ""
-        added = self._added.get(token_id)
-        if added is not None:  # not through the stream: its own piece, spaced
-            text = (" " if self._emitted else "") + added
-            self._after_added = True
-        else:
-            text = self._stream.step(self._backend, token_id) or ""
-            if text and self._after_added:
-                text = " " + text
-                self._after_added = False
-        self._emitted = self._emitted or bool(text)
+        text = self._stream.step(self._backend, token_id) or ""
+        if self._added:
+            added = self._added.get(token_id)
+            if added is not None and self._last_added:
+                text = added  # no space between two added tokens
+            self._last_added = added is not None
         return text

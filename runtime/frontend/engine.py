@@ -80,7 +80,7 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
     ) -> None:
         self.config = config
         self.info = info
-        self.inputs = InputProcessor(tokenizer, info.vocab_size, config)
+        self.inputs = InputProcessor(tokenizer, info.vocab_size, config, info.eos_token_ids)
         self.processes = processes or {}  # actor processes by role (process mode)
         self.ready: EngineReady | None = None  # what the actors run, once `run` has started
         self._outbox = Outbox()

@@ -43,9 +43,14 @@ def _plain_copy(backend: Tokenizer | None) -> Tokenizer | None:
 
 class InputProcessor:
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, config: EngineConfig
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        vocab_size: int,
+        config: EngineConfig,
+        eos_token_ids: frozenset[int] = frozenset(),
     ) -> None:
         self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
         self.vocab_size = vocab_size
         self.max_model_len = config.max_model_len
         self.max_n = config.max_n
@@ -151,6 +156,11 @@ class InputProcessor:
             raise ValueError(f"n must be at most {self.max_n} (--max-n), got {params.n}")
         if params.n > 1 and in_session:
             raise ValueError("a session turn takes n=1")
+        if params.prompt_logprobs is not None and in_session:
+            raise ValueError(
+                "prompt log-probabilities (echo, logprob_start_len) are not available in a "
+                "session turn, whose prompt continues the session's history"
+            )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and value > self.max_logprobs:
@@ -179,14 +189,28 @@ class InputProcessor:
                 f"the prompt log-probabilities start at position {params.prompt_logprobs_start}, "
                 f"but the prompt has {num_prompt_tokens} tokens"
             )
-        if not params.bad_words:
-            return params
-        words = list(params.bad_words_token_ids)
-        for word in params.bad_words:
-            for variant in self._bad_word_variants(word):
-                if variant and variant not in words:
-                    words.append(variant)
-        return params.replace(bad_words_token_ids=tuple(words))
+        if params.bad_words:
+            words = list(params.bad_words_token_ids)
+            for word in params.bad_words:
+                for variant in self._bad_word_variants(word):
+                    if variant and variant not in words:
+                        words.append(variant)
+            params = params.replace(bad_words_token_ids=tuple(words))
+        self._check_something_allowed(params)
+        return params
+
+    def _check_something_allowed(self, params: SamplingParams) -> None:
+        """Refuse masks that leave no token to sample (the sampler would pick any)."""
+        if params.allowed_token_ids is None:
+            return
+        allowed = set(params.allowed_token_ids)
+        allowed -= {word[0] for word in params.bad_words_token_ids if len(word) == 1}
+        if not allowed:
+            raise ValueError("every token of allowed_token_ids is also a bad word")
+        if params.min_tokens and allowed <= self.eos_token_ids | set(params.stop_token_ids):
+            raise ValueError(
+                "allowed_token_ids holds only stop tokens, which min_tokens forbids at first"
+            )
 
     def _bad_word_variants(self, word: str) -> list[tuple[int, ...]]:
         """The word's tokens as it would start a text and, as vLLM does, as it would follow a

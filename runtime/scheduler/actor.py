@@ -306,17 +306,19 @@ class SchedulerActor:
         received = time.perf_counter()
         self.worker_stats = result.stats
         none = (None,) * len(result.seq_ids)
-        sampled = {
-            s: Sample(t, lp, top, prompt)
-            for s, t, lp, top, prompt in zip(
+        sampled: dict[int, Sample] = dict(
+            zip(
                 result.seq_ids,
-                result.token_ids,
-                result.logprobs,
-                result.top or none,
-                result.prompt or none,
+                zip(
+                    result.token_ids,
+                    result.logprobs,
+                    result.top or none,
+                    result.prompt or none,
+                    strict=True,
+                ),
                 strict=True,
             )
-        }
+        )
         outputs = self.pipeline.retire(result.step, sampled)
         self._num_generated_tokens += len(outputs)
         updated = time.perf_counter()

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from runtime.scheduler.block_manager import BlockManager
+from runtime.scheduler.forks import Forks
 from runtime.scheduler.sequence import Sequence, SequenceStatus
 from runtime.scheduler.session_pins import SessionPins
 
@@ -58,17 +60,12 @@ class SampledToken:
     prompt: object = None  # the prompt's log-probabilities, with a request's first token
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """What the worker sampled for one sequence."""
-
-    token_id: int
-    logprob: float
-    top: object = None
-    prompt: object = None
+# What the worker sampled for one sequence: (token id, logprob, top log-probabilities, prompt
+# log-probabilities); the last two are passed on as they are. A tuple: one per sequence per step.
+Sample: TypeAlias = tuple[int, float, object, object]
 
 
-class Scheduler:
+class Scheduler(Forks):
     def __init__(
         self,
         block_manager: BlockManager,
@@ -128,15 +125,6 @@ class Scheduler:
             return
         self._queue(seq)
 
-    @staticmethod
-    def _prompt_pending(parent: Sequence, seq: Sequence) -> bool:
-        """Whether `seq` can wait to share `parent`'s prompt: the same, not computed yet."""
-        return (
-            parent.status is not SequenceStatus.FORKING
-            and parent.num_tokens == parent.num_prompt_tokens
-            and parent.token_ids == seq.token_ids
-        )
-
     def abort(self, rid: str) -> bool:
         """Drop a request wherever it is; returns False if it is unknown or already finished."""
         seq = self.by_rid.get(rid)
@@ -176,6 +164,9 @@ class Scheduler:
             )
         for seq in self.running:
             seq.cacheable = False
+        for seq in self.waiting:  # a fork has computed nothing yet: all of it with new weights
+            if seq.block_table:
+                self._unshare(seq)
         self.pins.release_all()  # their KV is stale too
         return self.block_manager.reset_prefix_cache()
 
@@ -218,7 +209,8 @@ class Scheduler:
         """Preempt from the tail of `running` until `seq` fits; False if `seq` was preempted."""
         needed = self.block_manager.blocks_needed(seq, num_tokens)
         while not self.block_manager.can_allocate(needed):
-            if self.pins.release_oldest():  # idle sessions' KV goes before running requests'
+            # idle sessions' KV, and what waiting forks share, go before running requests'
+            if self.pins.release_oldest() or self._unshare_waiting():
                 continue
             victim = self.running[-1]
             self._preempt(victim, step)
@@ -295,66 +287,17 @@ class Scheduler:
                 self.block_manager.cache_full_blocks(seq, start, start + num_tokens)
             if not samples:
                 continue  # a prefill chunk: nothing sampled yet
-            sample = sampled[seq.seq_id]
-            seq.token_ids.append(sample.token_id)  # also if preempted meanwhile: it is valid
+            token_id, logprob, top, prompt = sampled[seq.seq_id]
+            seq.token_ids.append(token_id)  # also when preempted meanwhile: the token is valid
             if seq.forks:  # the prompt is computed: its siblings may share it now
                 self._release_forks(seq, share=seq.status is SequenceStatus.RUNNING)
-            reason = self._stop_reason(seq, sample.token_id)
+            reason = self._stop_reason(seq, token_id)
             if reason is not None:
                 self._finish(seq, reason)
             outputs.append(
-                SampledToken(
-                    seq.rid,
-                    sample.token_id,
-                    sample.logprob,
-                    reason,
-                    seq.num_cached_tokens,
-                    sample.top,
-                    sample.prompt,
-                )
+                SampledToken(seq.rid, token_id, logprob, reason, seq.num_cached_tokens, top, prompt)
             )
         return outputs
-
-    def _release_forks(self, parent: Sequence, *, share: bool) -> None:
-        """Queue `parent`'s waiting siblings first in line. With `share` (its prompt is
-        computed and its blocks held), each holds the prompt's full blocks, all but the one
-        with the last token, whose logits each sibling needs; else they stand alone (and may
-        hit the prefix cache)."""
-        forks, parent.forks = parent.forks, []
-        bs = self.block_manager.block_size
-        shared = parent.block_table[: (parent.num_prompt_tokens - 1) // bs] if share else []
-        for seq in reversed(forks):
-            seq.fork_parent = None
-            self.block_manager.hold(shared)
-            seq.block_table = list(shared)
-            seq.num_computed_tokens = len(shared) * bs
-            self._queue(seq, first=True)
-
-    def _unshare_waiting(self) -> bool:
-        """Make the last waiting fork that holds its sibling's blocks let go of them (it will
-        compute them itself, or find them in the prefix cache); False if none holds any. The
-        head of the queue lets go last, and only with nothing running."""
-        for seq in reversed(self.waiting):
-            if seq.block_table and (seq is not self.waiting[0] or not self.running):
-                self.queued_tokens += seq.num_computed_tokens
-                self.block_manager.free_blocks(seq)
-                return True
-        return False
-
-    def _queue(self, seq: Sequence, *, first: bool = False) -> None:
-        """Into the waiting queue (or held, while paused: holding no KV, which a paused
-        engine may release)."""
-        if self.pause_mode is not None:
-            self.block_manager.free_blocks(seq)
-            seq.status = SequenceStatus.HELD
-            self.held.append(seq)
-        else:
-            seq.status = SequenceStatus.WAITING
-            if first:
-                self.waiting.appendleft(seq)
-            else:
-                self.waiting.append(seq)
-        self.queued_tokens += seq.num_uncomputed_tokens
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> str | None:
         params = seq.params

@@ -44,6 +44,9 @@ class TokenCounts:
         row = self.row_of.pop(seq_id, None)
         if row is not None:
             self._free.append(row)
+        if not self.row_of and self.counts.shape[0]:  # nobody penalizes: give the pool back
+            self.counts, self.in_prompt = self.counts[:0].clone(), self.in_prompt[:0].clone()
+            self._free.clear()
 
     def record(self, rows: torch.Tensor, token_ids: torch.Tensor) -> None:
         """One more of each sampled token, for the pool rows that sampled them."""
@@ -71,10 +74,22 @@ class LogitsProcessors:
         self.eos_token_ids = tuple(sorted(eos_token_ids))
         self.device = device
         self.counts = TokenCounts(vocab_size, device)
+        self.asking: set[int] = set()  # seq ids whose requests change logits or want top ones
         self._allowed: dict[int, torch.Tensor] = {}  # seq id -> [vocab] bool, made once
+        # seq id -> (one-token bad words, longer ones by the token before their last)
+        self._bad_words: dict[int, tuple[list[int], dict[int, list[tuple[int, ...]]]]] = {}
 
     def arrive(self, seq_id: int, seq: WorkerSeq) -> None:
         params = seq.params
+        if params.processes_logits or params.logprobs is not None:
+            self.asking.add(seq_id)
+        if params.bad_words_token_ids:
+            single = [w[0] for w in params.bad_words_token_ids if len(w) == 1]
+            longer: dict[int, list[tuple[int, ...]]] = {}
+            for word in params.bad_words_token_ids:
+                if len(word) > 1:
+                    longer.setdefault(word[-2], []).append(word)
+            self._bad_words[seq_id] = (single, longer)
         if params.penalizes:
             self.counts.add(seq_id, seq)
         if params.allowed_token_ids is not None:
@@ -83,8 +98,10 @@ class LogitsProcessors:
             self._allowed[seq_id] = mask
 
     def leave(self, seq_id: int) -> None:
+        self.asking.discard(seq_id)
         self.counts.remove(seq_id)
         self._allowed.pop(seq_id, None)
+        self._bad_words.pop(seq_id, None)
 
     def apply(
         self, logits: torch.Tensor, seq_ids: Sequence[int], seqs: Sequence[WorkerSeq]
@@ -96,7 +113,7 @@ class LogitsProcessors:
             masks = torch.stack([self._allowed[seq_ids[i]] for i in allowed])
             index = self._tensor(allowed)
             logits[index] = logits[index].masked_fill(~masks, -torch.inf)
-        banned_rows, banned_ids = self._banned(rows, seqs)
+        banned_rows, banned_ids = self._banned(rows, seq_ids, seqs)
         if banned_rows:
             logits[self._tensor(banned_rows), self._tensor(banned_ids)] = -torch.inf
         bias = [(i, t, b) for i in rows for t, b in seqs[i].params.logit_bias]
@@ -117,26 +134,39 @@ class LogitsProcessors:
             pool_rows = self._tensor([self.counts.row_of[seq_ids[i]] for i in rows])
             self.counts.record(pool_rows, tokens[self._tensor(rows)])
 
-    def _banned(self, rows: list[int], seqs: Sequence[WorkerSeq]) -> tuple[list[int], list[int]]:
+    def _banned(
+        self, rows: list[int], seq_ids: Sequence[int], seqs: Sequence[WorkerSeq]
+    ) -> tuple[list[int], list[int]]:
         """(row, token) pairs that must not be sampled: bad words, and stops before min_tokens."""
         banned_rows: list[int] = []
         banned_ids: list[int] = []
         for i in rows:
             seq, params = seqs[i], seqs[i].params
-            num_output = seq.num_output_tokens
-            for word in params.bad_words_token_ids:
-                # vLLM: the word's last token is banned when the output ends with the rest
-                prefix = len(word) - 1
-                if prefix == 0 or (
-                    num_output >= prefix and tuple(seq.token_ids[-prefix:]) == word[:-1]
-                ):
-                    banned_rows.append(i)
-                    banned_ids.append(word[-1])
-            if num_output < params.min_tokens:
+            bad_words = self._bad_words.get(seq_ids[i])
+            if bad_words is not None:
+                banned = self._bad_word_ends(seq, *bad_words)
+                banned_rows.extend([i] * len(banned))
+                banned_ids.extend(banned)
+            if seq.num_output_tokens < params.min_tokens:
                 stops = set(params.stop_token_ids).union(self.eos_token_ids)
                 banned_rows.extend([i] * len(stops))
                 banned_ids.extend(stops)
         return banned_rows, banned_ids
+
+    @staticmethod
+    def _bad_word_ends(
+        seq: WorkerSeq, single: list[int], longer: dict[int, list[tuple[int, ...]]]
+    ) -> list[int]:
+        """vLLM's rule: a word's last token is banned when the output ends with the rest of
+        it. Only words whose token before last is the output's last token are compared."""
+        banned = list(single)
+        num_output = seq.num_output_tokens
+        if num_output:
+            for word in longer.get(seq.token_ids[-1], ()):
+                prefix = len(word) - 1
+                if num_output >= prefix and tuple(seq.token_ids[-prefix:]) == word[:-1]:
+                    banned.append(word[-1])
+        return banned
 
     def _penalize(
         self,

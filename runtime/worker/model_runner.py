@@ -268,12 +268,13 @@ class ModelRunner:
         seqs: list[WorkerSeq],
     ) -> tuple[list[int], list[float], tuple[Logprobs | None, ...]]:
         """Token ids, their log-probabilities, and the top ones where asked."""
+        asking = self.processors.asking
+        if not self.processed_logprobs and (not asking or asking.isdisjoint(seq_ids)):
+            tokens, token_logprobs = sample(logits, batch)  # nothing asked: the plain path
+            return tokens.tolist(), token_logprobs.tolist(), ()
         params = [seq.params for seq in seqs]
         processes = any(p.processes_logits for p in params)
         wants_top = any(p.logprobs for p in params)
-        if not processes and not wants_top and not self.processed_logprobs:
-            tokens, token_logprobs = sample(logits, batch)  # nothing asked: the plain path
-            return tokens.tolist(), token_logprobs.tolist(), ()
         raw = None if self.processed_logprobs else torch.log_softmax(logits, dim=-1)
         if processes:
             self.processors.apply(logits, seq_ids, seqs)
