@@ -152,7 +152,8 @@ class CoreHarness:
         for seq in sched.held:
             assert not seq.block_table and sched.pause_mode is not None
         assert len(sched.running) <= sched.max_num_seqs
-        queued = [*sched.waiting, *sched.held]
+        queued = [*sched.waiting, *sched.held, *forking]
+        assert sched.num_forking == len(forking)
         assert sched.queued_tokens == sum(s.num_tokens - s.num_computed_tokens for s in queued)
         assert set(sched.by_rid) == {s.rid for s in live + forking}
         if self.pipeline.idle and sched.pause_mode != "keep":

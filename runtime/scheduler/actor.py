@@ -349,7 +349,7 @@ class SchedulerActor:
         core = self.pipeline.scheduler
         return SchedulerStats(
             num_running=len(core.running),
-            num_waiting=len(core.waiting),
+            num_waiting=len(core.waiting) + core.num_forking,
             num_free_blocks=core.block_manager.num_free_blocks,
             num_total_blocks=core.block_manager.num_blocks,
             num_steps=core.num_steps,

@@ -16,6 +16,7 @@ class Forks:
     running: list[Sequence]
     held: list[Sequence]
     queued_tokens: int
+    num_forking: int
     pause_mode: str | None
 
     def _queue(self, seq: Sequence, *, first: bool = False) -> None:
@@ -52,6 +53,8 @@ class Forks:
         shared = parent.block_table[: (parent.num_prompt_tokens - 1) // bs] if share else []
         for seq in reversed(forks):
             seq.fork_parent = None
+            self.num_forking -= 1
+            self.queued_tokens -= seq.num_uncomputed_tokens
             self.block_manager.hold(shared)
             seq.block_table = list(shared)
             seq.num_computed_tokens = len(shared) * bs

@@ -85,8 +85,9 @@ class Scheduler(Forks):
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.held: list[Sequence] = []  # arrived during a pause
-        # tokens the waiting and held sequences have to compute, kept as they come and go (a
-        # queued sequence holds no KV, and its token count does not change while it waits)
+        self.num_forking = 0  # samples waiting for their first sibling's prompt (forks.py)
+        # tokens the waiting, held and forking sequences have to compute, kept as they come
+        # and go (such a sequence's counts do not change while it waits)
         self.queued_tokens = 0
         self.pause_mode: str | None = None  # "keep" or "wait" while paused
         self.by_rid: dict[str, Sequence] = {}
@@ -122,6 +123,8 @@ class Scheduler(Forks):
             seq.status = SequenceStatus.FORKING
             seq.fork_parent = parent
             parent.forks.append(seq)
+            self.num_forking += 1
+            self.queued_tokens += seq.num_uncomputed_tokens
             return
         self._queue(seq)
 
@@ -324,6 +327,8 @@ class Scheduler(Forks):
             assert seq.fork_parent is not None
             seq.fork_parent.forks.remove(seq)
             seq.fork_parent = None
+            self.num_forking -= 1
+            self.queued_tokens -= seq.num_uncomputed_tokens
         if seq.forks:  # it ends before its prompt was computed: its siblings go on alone
             self._release_forks(seq, share=False)
         if seq.session:

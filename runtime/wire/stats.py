@@ -29,7 +29,8 @@ class SchedulerStats:
     num_running: int
     """Sequences in the running batch."""
     num_waiting: int
-    """Sequences queued: new, or preempted and waiting to be recomputed."""
+    """Sequences queued: new, preempted and waiting to be recomputed, or samples of n > 1
+    waiting for their first sibling's prompt."""
     num_free_blocks: int
     """KV blocks held by no sequence (they may still hold a cached prefix)."""
     num_total_blocks: int
