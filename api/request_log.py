@@ -73,8 +73,18 @@ class Entry:
             "rids": self.rids,
             "latency_s": round(time.monotonic() - self.started, 6),
             "body": self.body,
-            "outputs": self.outputs,
+            "outputs": self._in_choice_order(),
         }
+
+    def _in_choice_order(self) -> list[dict[str, Any]]:
+        """Each prompt's samples after it, as the API numbers choices (prompt * n + sample)."""
+        prompts, samples = self.outputs[: len(self.rids)], self.outputs[len(self.rids) :]
+        ordered = []
+        for index, first in enumerate(prompts):
+            ordered.append(first)
+            mine = [o for o in samples if o["prompt_index"] == index]
+            ordered += sorted(mine, key=lambda o: o["sample"])
+        return ordered
 
 
 class RequestLog:

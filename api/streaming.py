@@ -97,7 +97,9 @@ class Collected:
         self.token_ids += out.token_ids
         self.logprobs += out.logprobs
         if out.top_logprobs is not None:
-            self.top_logprobs = (self.top_logprobs or []) + out.top_logprobs
+            if self.top_logprobs is None:
+                self.top_logprobs = []
+            self.top_logprobs += out.top_logprobs
         self.prompt_logprobs = self.prompt_logprobs or out.prompt_logprobs
         self.finish_reason = out.finish_reason
         self.matched_stop = out.matched_stop

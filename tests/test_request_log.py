@@ -112,7 +112,7 @@ async def test_each_sample_is_an_output(
     caplog.set_level(logging.INFO, logger="runtime.requests")
     app = create_app(engine, settings(log_requests=True, log_requests_level=3))
     async with app.test_app() as test_app:
-        body = BODY | {"n": 3, "temperature": 1.0}
+        body = BODY | {"n": 3, "temperature": 1.0, "prompt": ["hello there", "again"]}
         response = await test_app.test_client().post("/v1/completions", json=body, headers=AUTH)
         assert response.status_code == 200
     (record,) = logged(caplog)
@@ -120,5 +120,8 @@ async def test_each_sample_is_an_output(
         (None, None),
         (0, 1),
         (0, 2),
-    ]
+        (None, None),
+        (1, 1),
+        (1, 2),
+    ]  # in the API's choice order
     assert all(o["text"] == "alpha beta gamma " for o in record["outputs"])

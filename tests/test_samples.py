@@ -89,3 +89,15 @@ async def test_limits_on_n_and_logprobs_are_clear_errors(llama_dir: Path) -> Non
             engine.generate(PROMPT[:5], SamplingParams(prompt_logprobs=0), session=session)
         with pytest.raises(ValueError, match="a session turn takes n=1"):
             engine.generate(PROMPT[:5], SamplingParams(n=2), session=session)
+
+
+async def test_a_sample_ended_by_a_stop_string_ends_once(llama_dir: Path) -> None:
+    params = SamplingParams(max_tokens=30, temperature=1.0, seed=11, n=4, stop=("e",))
+    async with open_engine(config(llama_dir)) as engine:
+        ends: dict[int, list] = {}
+        async for out in engine.generate(PROMPT[:20], params):
+            if out.finished:
+                ends.setdefault(out.index, []).append((out.finish_reason, out.matched_stop))
+    assert sorted(ends) == [0, 1, 2, 3]
+    assert all(len(e) == 1 for e in ends.values()), ends
+    assert sum(e == [("stop", "e")] for e in ends.values()) >= 2, ends  # "e" is common

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+import trio
 from transformers import PreTrainedTokenizerBase
 
 from runtime.engine_client import RequestOutput
@@ -41,9 +42,14 @@ class RequestGroup:
         return all(stream.upstream_done for stream in self.streams)
 
     async def wait(self) -> None:
-        """Until some sample has something to take."""
-        while not any(stream.ready for stream in self.streams):
+        """Until some sample that has not ended has something to take."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while not any(self._ready(i) for i in range(len(self.streams))):
             await self.signal.wait()
+
+    def _ready(self, i: int) -> bool:
+        # a sample ended here (a stop string) becomes "finished" after its last take
+        return not self._ended[i] and self.streams[i].ready
 
     def take(self) -> list[tuple[int, RequestOutput]]:
         """(sample index, output) for every sample with something new; raises a sample's
@@ -51,7 +57,7 @@ class RequestGroup:
         started = time.perf_counter()
         outputs = []
         for i, stream in enumerate(self.streams):
-            if stream.ready:
+            if self._ready(i):
                 output = self.processors[i].process(stream.take())
                 self._ended[i] = output.finished
                 outputs.append((i, output))
