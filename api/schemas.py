@@ -1,6 +1,6 @@
 """Request bodies, validated strictly: wrong types, out-of-range values and unknown fields are
 400s that name the field. Fields we know but do not implement are accepted only at their
-no-op value (e.g. `n: 1`, `logprobs: null`), so nothing a client asks for is silently ignored.
+no-op value (e.g. `tools: []`, `best_of: 1`), so nothing a client asks for is silently ignored.
 """
 
 from __future__ import annotations
