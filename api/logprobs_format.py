@@ -82,13 +82,15 @@ def completion(
 
 
 def chat(engine: EngineClient, scored: Sequence[Scored]) -> dict[str, Any]:
-    """`choices[].logprobs` of /v1/chat/completions: `content`, one entry per token, with
-    its UTF-8 `bytes` and the most likely tokens."""
+    """`choices[].logprobs` of /v1/chat/completions: `content`, one entry per token, with its
+    raw `bytes` (a token that is only part of a character has them, and the text "", as
+    vLLM names it) and the most likely tokens."""
     texts = _texts(engine, scored)
+    ids = sorted(texts)
+    raw = dict(zip(ids, engine.token_bytes(ids), strict=True))
 
     def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        text = texts[token_id]
-        return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode())}
+        return {"token": texts[token_id], "logprob": _finite(logprob), "bytes": list(raw[token_id])}
 
     content = []
     for s in scored:

@@ -350,6 +350,10 @@ class EngineClient(Protocol):
         token that is only part of a character, as vLLM does)."""
         ...
 
+    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
+        """Each token's own bytes, a part of a character too (OpenAI's logprobs `bytes`)."""
+        ...
+
     async def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         """Render a conversation with the model's chat template, ready to generate the reply."""
         ...

@@ -305,6 +305,9 @@ class FakeEngine(EngineClient):
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
         return [chr(t + 32) for t in token_ids]
 
+    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
+        return [text.encode() for text in self.token_texts(token_ids)]
+
     async def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         await trio.lowlevel.checkpoint()
         turns = (f"<{m['role']}{':' + m['name'] if 'name' in m else ''}>" for m in messages)

@@ -108,3 +108,11 @@ async def test_a_chat_too_long_in_any_field_is_refused_before_rendering(
         with pytest.raises(ValueError, match="context"):
             await inputs.apply_chat_template_async([message])
     assert "hi" in await inputs.apply_chat_template_async([{"role": "user", "content": "hi"}])
+
+
+def test_token_bytes_spell_the_text_even_within_a_character(inputs: InputProcessor) -> None:
+    text = "héllo € 日本"
+    ids = inputs.tokenize(text, add_special_tokens=False)
+    texts = inputs.token_texts(ids)
+    assert "" in texts  # some token is only part of a character: vLLM names it ""
+    assert b"".join(inputs.token_bytes(ids)) == text.encode()

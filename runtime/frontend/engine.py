@@ -251,6 +251,9 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
         return self.inputs.token_texts(token_ids)
 
+    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
+        return self.inputs.token_bytes(token_ids)
+
     # -- requests ------------------------------------------------------------------------
 
     async def _run(

@@ -12,6 +12,8 @@ from its byte length), and the async methods run long texts in a worker thread, 
 
 from __future__ import annotations
 
+import contextlib
+import re
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -23,6 +25,20 @@ from runtime.config import EngineConfig
 from runtime.sampling_params import SamplingParams
 
 T = TypeVar("T")
+
+
+def _byte_of_char() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: the byte each character of a token stands for."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    printable += range(ord("®"), ord("ÿ") + 1)
+    chars = {b: chr(b) for b in printable}
+    shifted = [b for b in range(256) if b not in chars]
+    chars |= {b: chr(256 + i) for i, b in enumerate(shifted)}
+    return {c: b for b, c in chars.items()}
+
+
+_BYTE_OF = _byte_of_char()
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte tokens
 
 # Shorter texts are tokenized on the event loop: a thread hop would cost more than the work.
 INLINE_CHARS = 4096
@@ -56,7 +72,10 @@ class InputProcessor:
         self.max_n = config.max_n
         self.max_logprobs = config.max_logprobs
         self._token_texts: dict[int, str] = {}
+        self._bytes: dict[int, bytes] = {}
         self._backend = _plain_copy(getattr(tokenizer, "backend_tokenizer", None))
+        decoder = getattr(self._backend, "decoder", None)
+        self._byte_level = type(decoder).__name__ == "ByteLevel"  # tokens spell their bytes
         # the most bytes of text one token can stand for (a UTF-8 token string is no shorter)
         self.max_token_bytes = max(len(token.encode()) for token in tokenizer.get_vocab()) or 1
         self._threads = trio.CapacityLimiter(2)
@@ -167,6 +186,31 @@ class InputProcessor:
                 raise ValueError(
                     f"{name} must be at most {self.max_logprobs} (--max-logprobs), got {value}"
                 )
+
+    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
+        """Each token's own bytes: a byte-level token's raw bytes (part of a character, too),
+        a byte-fallback token's byte, else its text in UTF-8."""
+        self.check_token_ids(token_ids)
+        return [self._token_bytes(t) for t in token_ids]
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        cached = self._bytes.get(token_id)
+        if cached is not None:
+            return cached
+        token = str(self.tokenizer.convert_ids_to_tokens(token_id))
+        raw = None
+        if self._byte_level:
+            with contextlib.suppress(KeyError):  # an added token may hold other characters
+                raw = bytes([_BYTE_OF[c] for c in token])
+        if raw is None:
+            fallback = _BYTE_FALLBACK.fullmatch(token)
+            raw = (
+                bytes([int(fallback.group(1), 16)])
+                if fallback
+                else str(self.tokenizer.decode([token_id], skip_special_tokens=False)).encode()
+            )
+        self._bytes[token_id] = raw
+        return raw
 
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
         """Each token decoded alone; "" where that is only part of a character (vLLM's)."""
