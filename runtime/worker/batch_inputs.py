@@ -1,0 +1,133 @@
+"""One step's input tensors, built from its plan and the worker's mirror of the sequences:
+the flattened token ids and positions, the attention metadata (cache slots, the gather rows
+and key masks of single-query sequences, the prefill slices), the logit rows to compute, and
+the sampling parameters of the rows that sample."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.layers.attention import AttentionMetadata, PrefillSlice, causal_mask, gather_rows
+from runtime.model_info import ModelInfo
+from runtime.wire.messages import StepPlan
+from runtime.worker.logprobs import PromptLogprobs
+from runtime.worker.sampler import SamplingBatch, make_sampling_batch
+from runtime.worker.seq_table import SeqTable, WorkerSeq
+
+
+@dataclass(slots=True)
+class ModelInputs:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttentionMetadata
+    logit_rows: torch.Tensor  # [S] rows whose logits are sampled
+    sampled: list[int]  # indices into the plan's sequences, in logit-row order
+    sampling: SamplingBatch | None
+    # after the sampled rows: rows scoring prompt tokens, per (seq id, seq, positions)
+    prompt_rows: list[tuple[int, WorkerSeq, range]]
+
+
+class InputBuilder:
+    def __init__(
+        self,
+        device: torch.device,
+        block_size: int,
+        num_kv_heads: int,
+        num_blocks: int,
+        info: ModelInfo,
+        prompt_logprobs: PromptLogprobs,
+    ) -> None:
+        self.device = device
+        self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
+        self.num_blocks = num_blocks
+        self.info = info
+        self.prompt_logprobs = prompt_logprobs  # which sequences score their prompt
+
+    def build(self, plan: StepPlan, seqs: list[WorkerSeq]) -> ModelInputs:
+        """The step's inputs; `seqs`: the plan's sequences, as the table holds them."""
+        # single-query sequences first: the attention computes them as one gathered batch
+        order = sorted(range(len(seqs)), key=lambda i: plan.num_tokens[i] != 1)
+        num_decodes = sum(1 for n in plan.num_tokens if n == 1)
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logit_rows: list[int] = []
+        sampled: list[int] = []
+        prefills: list[PrefillSlice] = []
+        prompt_rows: list[tuple[int, WorkerSeq, range]] = []
+        prompt_logit_rows: list[int] = []
+        for i in order:
+            seq, n = seqs[i], plan.num_tokens[i]
+            start, computed = len(input_ids), seq.num_computed_tokens
+            context = computed + n
+            input_ids.extend(seq.token_ids[computed:context])
+            positions.extend(range(computed, context))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(computed, context))
+            if n > 1:
+                rows = mask = None
+                if computed:  # part of the context is already in the cache
+                    blocks = self._tensor(table[: -(-context // bs)])
+                    rows = gather_rows(blocks, self.num_kv_heads, self.num_blocks)
+                    mask = causal_mask(n, context, self.device)
+                prefills.append(PrefillSlice(start, n, context, rows, mask))
+            if SeqTable.samples(seq, n):
+                logit_rows.append(start + n - 1)
+                sampled.append(i)
+            if self.prompt_logprobs.waiting:
+                scored = self.prompt_logprobs.positions(plan.seq_ids[i], seq, n)
+                if scored:
+                    prompt_rows.append((plan.seq_ids[i], seq, scored))
+                    prompt_logit_rows.extend(start + p - computed for p in scored)
+        logit_rows += prompt_logit_rows  # after the sampled rows
+        decode_seqs = [seqs[i] for i in order[:num_decodes]]
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor(slots),
+            num_decodes=num_decodes,
+            **self._decode_layout(decode_seqs),
+            prefills=prefills,
+        )
+        return ModelInputs(
+            input_ids=self._tensor(input_ids),
+            positions=self._tensor(positions),
+            meta=meta,
+            logit_rows=self._tensor(logit_rows),
+            sampled=sampled,
+            sampling=self._sampling([seqs[i] for i in sampled]) if sampled else None,
+            prompt_rows=prompt_rows,
+        )
+
+    def _decode_layout(self, seqs: list[WorkerSeq]) -> dict[str, torch.Tensor]:
+        """Cache rows to gather and an additive key mask for the single-query sequences."""
+        if not seqs:
+            return {
+                "decode_rows": self._tensor([]),
+                "decode_bias": torch.zeros((0, 1, 1), device=self.device),
+            }
+        context_lens = [s.num_computed_tokens + 1 for s in seqs]
+        width = max(-(-c // self.block_size) for c in context_lens)
+        tables = [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in seqs]
+        rows = gather_rows(self._tensor(tables), self.num_kv_heads, self.num_blocks)
+        keys = torch.arange(width * self.block_size, device=self.device)
+        padding = keys[None, :] >= self._tensor(context_lens)[:, None]  # [B, width * bs]
+        bias = torch.zeros(padding.shape, dtype=self.info.dtype, device=self.device)
+        bias.masked_fill_(padding, -torch.inf)
+        # one row per (sequence, kv head), as the decode's batched matmul sees them
+        bias = bias.repeat_interleave(self.num_kv_heads, dim=0).unsqueeze(1)
+        return {"decode_rows": rows, "decode_bias": bias}
+
+    def _sampling(self, seqs: list[WorkerSeq]) -> SamplingBatch:
+        rows = []
+        vocab = self.info.vocab_size
+        for seq in seqs:
+            p = seq.params
+            top_k = p.top_k if p.top_k < vocab else 0  # all of them: keep all, unfiltered
+            rows.append((p.temperature, top_k, p.top_p, p.min_p, seq.seed, seq.num_output_tokens))
+        return make_sampling_batch(rows, self.device)
+
+    def _tensor(self, values: list[int] | list[list[int]]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
