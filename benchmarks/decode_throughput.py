@@ -27,9 +27,19 @@ from runtime.frontend.launch import open_engine
 from runtime.sampling_params import SamplingParams
 
 
-async def run_batch(engine: Engine, batch: int, prompt_len: int, output_len: int) -> dict:
+async def run_batch(
+    engine: Engine,
+    batch: int,
+    prompt_len: int,
+    output_len: int,
+    params: SamplingParams | None = None,
+) -> dict:
+    """`batch` requests decoding `output_len` tokens (greedy unless `params` says otherwise);
+    the figures of the window in which all of them decode."""
     rng = random.Random(batch)
-    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    params = (params or SamplingParams(temperature=0.0)).replace(
+        max_tokens=output_len, ignore_eos=True
+    )
     prompts = [[rng.randrange(3, 4000) for _ in range(prompt_len)] for _ in range(batch)]
     decoding = 0
     window: dict[str, object] = {}

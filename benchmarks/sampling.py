@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from benchmarks.decode_throughput import summarize
+from benchmarks.decode_throughput import run_batch
 from runtime.builtin_model import builtin_model_dir
 from runtime.config import EngineConfig
 from runtime.frontend.engine import Engine
@@ -49,27 +49,8 @@ def prompts(count: int, length: int, seed: int) -> list[list[int]]:
 async def decode_steps(
     engine: Engine, batch: int, output_len: int, options: dict[str, Any]
 ) -> dict:
-    params = SamplingParams(
-        max_tokens=output_len, temperature=1.0, seed=0, ignore_eos=True, **options
-    )
-    decoding = 0
-    window: dict[str, Any] = {}
-
-    async def request(prompt: list[int]) -> None:
-        nonlocal decoding
-        counted = False
-        async for _ in engine.generate(prompt, params):
-            if not counted:
-                counted, decoding = True, decoding + 1
-                if decoding == batch:  # every request has its first token: pure decode now
-                    window["start"], window["stats"] = time.perf_counter(), engine.statistics()
-
-    async with trio.open_nursery() as nursery:
-        for prompt in prompts(batch, 32, batch):
-            nursery.start_soon(request, prompt)
-    elapsed = time.perf_counter() - window["start"]
-    end = await engine.fetch_statistics()
-    return summarize(batch, elapsed, window["stats"], end)
+    params = SamplingParams(temperature=1.0, seed=0, **options)
+    return await run_batch(engine, batch, 32, output_len, params)
 
 
 async def samples_of_one_prompt(

@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
+
 _READY = re.compile(r"serving \S+ at (http://\S+)")
 
 
@@ -93,3 +95,11 @@ def wait_until(predicate: object, timeout: float = 20.0, interval: float = 0.05)
             return True
         time.sleep(interval)
     return False
+
+
+def metric(server: ServerProcess, name: str) -> float:
+    """One unlabelled figure of the server's /metrics."""
+    text = httpx.get(server.url + "/metrics").text
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))

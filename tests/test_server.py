@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 from collections.abc import Callable, Iterator
@@ -17,7 +16,7 @@ import pytest
 import trio
 
 from api.client import APIStatusError, Client
-from tests.server_process import ServerProcess, pid_alive, wait_until
+from tests.server_process import ServerProcess, metric, pid_alive, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +29,6 @@ def server(llama_dir: Path) -> Iterator[ServerProcess]:
 @pytest.fixture(scope="module")
 def oai(server: ServerProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-def metric(server: ServerProcess, name: str) -> float:
-    text = httpx.get(server.url + "/metrics").text
-    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
-    assert match, f"{name} not in /metrics"
-    return float(match.group(1))
 
 
 def test_openai_completions_streamed_and_not(oai: openai.OpenAI) -> None:

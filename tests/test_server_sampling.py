@@ -10,9 +10,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import trio
 
 from api.client import Client
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, metric, wait_until
 
 PROMPT = "The tuple object"
 
@@ -271,3 +272,51 @@ def test_streamed_samples_of_chat_and_generate(oai: openai.OpenAI, server: Serve
     answers = generate(server, **(body | {"stream": False}))
     assert [a["output_ids"] for a in answers] == [last[0]["output_ids"], last[1]["output_ids"]]
     assert all(len(e["meta_info"]["output_token_logprobs"]) == 3 for e in last.values())
+
+
+def test_leaving_a_stream_of_samples_aborts_them_all(server: ServerProcess) -> None:
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 200, "n": 4, "logprobs": 2,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        chunks = 0
+        for line in r.iter_lines():
+            chunks += line.startswith("data: ")
+            if chunks == 6:
+                break  # leaving closes the connection mid-stream
+    assert wait_until(
+        lambda: (
+            metric(server, "runtime:num_requests_running") == 0
+            and metric(server, "runtime:kv_cache_usage_perc") == 0
+        )
+    )
+    assert metric(server, "runtime:num_requests_waiting") == 0
+    after = httpx.post(
+        server.url + "/v1/completions", json=body | {"stream": False, "max_tokens": 2}
+    )
+    assert after.status_code == 200 and len(after.json()["choices"]) == 4
+
+
+async def test_a_request_id_in_use_by_samples_is_refused(server: ServerProcess) -> None:
+    body = {"text": PROMPT, "rid": "shared-rid",
+            "sampling_params": {"max_new_tokens": 200, "n": 3, "ignore_eos": True}}  # fmt: skip
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+        first = trio.Event()
+        statuses: list[int] = []
+
+        async def long_one() -> None:
+            async with http.stream("POST", "/generate", json=body | {"stream": True}) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: "):
+                        first.set()
+                statuses.append(r.status_code)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(long_one)
+            await first.wait()  # the request is open: its id is taken
+            again = await http.post("/generate", json=body)
+            assert again.status_code == 400 and "already in use" in again.text
+        assert statuses == [200]
+        reused = await http.post(
+            "/generate", json=body | {"sampling_params": {"max_new_tokens": 1, "n": 2}}
+        )
+        assert reused.status_code == 200  # free again once that request ended

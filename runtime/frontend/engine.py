@@ -291,8 +291,7 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
                 for i, output in outputs:
                     output_ids += output.token_ids
                     finish_reason = output.finish_reason
-                    if output.finished:  # a stop string ends it here: tell the actors now
-                        group.streams[i].end(output.finish_reason or "stop")
+                    if output.finished:  # a stop string may end it here: tell the actors now
                         self._abort_upstream(adds[i].rid, group.streams[i])
                 for _, output in outputs:
                     yield output

@@ -29,12 +29,11 @@ class RequestGroup:
             OutputProcessor(label, tokenizer, add.prompt_token_ids, add.params, index)
             for index, add in enumerate(adds)
         ]
-        self._ended = [False] * len(adds)  # its last output was handed over
         self.detokenize_seconds = 0.0
 
     @property
     def finished(self) -> bool:
-        return all(self._ended)
+        return all(stream.consumed for stream in self.streams)
 
     @property
     def upstream_done(self) -> bool:
@@ -42,24 +41,22 @@ class RequestGroup:
         return all(stream.upstream_done for stream in self.streams)
 
     async def wait(self) -> None:
-        """Until some sample that has not ended has something to take."""
+        """Until some sample has something to take."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        while not any(self._ready(i) for i in range(len(self.streams))):
+        while not any(stream.ready for stream in self.streams):
             await self.signal.wait()
-
-    def _ready(self, i: int) -> bool:
-        # a sample ended here (a stop string) becomes "finished" after its last take
-        return not self._ended[i] and self.streams[i].ready
 
     def take(self) -> list[tuple[int, RequestOutput]]:
         """(sample index, output) for every sample with something new; raises a sample's
-        error (the whole call fails with it)."""
+        error (the whole call fails with it). A sample a stop string ends here is ended in
+        its stream too, so that nothing more comes out of it."""
         started = time.perf_counter()
         outputs = []
         for i, stream in enumerate(self.streams):
-            if self._ready(i):
+            if stream.ready:
                 output = self.processors[i].process(stream.take())
-                self._ended[i] = output.finished
+                if output.finished:
+                    stream.end(output.finish_reason or "stop", taken=True)
                 outputs.append((i, output))
         self.detokenize_seconds += time.perf_counter() - started
         return outputs

@@ -112,10 +112,17 @@ class RequestStream:
         self.num_cached_tokens = cached
         self.signal.set()
 
-    def end(self, finish_reason: str) -> None:
-        """Finish the request here, whatever the scheduler still sends."""
+    @property
+    def consumed(self) -> bool:
+        """Its end was handed to the consumer: nothing more will come out of it."""
+        return self.finished and self._taken_end
+
+    def end(self, finish_reason: str, *, taken: bool = False) -> None:
+        """Finish the request here, whatever the scheduler still sends; `taken`: the consumer
+        decided it (a stop string) and already has its last output."""
         if not self.finished:
             self._finish_reason = finish_reason
+            self._taken_end = taken
             self.signal.set()
 
     def fail(self, error: BaseException) -> None:

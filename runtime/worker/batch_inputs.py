@@ -60,6 +60,7 @@ class InputBuilder:
         prefills: list[PrefillSlice] = []
         prompt_rows: list[tuple[int, WorkerSeq, range]] = []
         prompt_logit_rows: list[int] = []
+        scoring = self.prompt_logprobs.waiting  # once per step: usually nobody asks
         for i in order:
             seq, n = seqs[i], plan.num_tokens[i]
             start, computed = len(input_ids), seq.num_computed_tokens
@@ -78,7 +79,7 @@ class InputBuilder:
             if SeqTable.samples(seq, n):
                 logit_rows.append(start + n - 1)
                 sampled.append(i)
-            if self.prompt_logprobs.waiting:
+            if scoring:
                 scored = self.prompt_logprobs.positions(plan.seq_ids[i], seq, n)
                 if scored:
                     prompt_rows.append((plan.seq_ids[i], seq, scored))
