@@ -11,7 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from api.connections import ConnectionStats
-from runtime.engine_client import EngineClient, EngineStats
+from runtime.engine_client import EngineClient, EngineStats, RankStats
 
 # Seconds: from a loaded CPU (tens of ms per step) up to long generations.
 _LATENCY_BUCKETS = (
@@ -58,95 +58,137 @@ class _ConnectionCollector(Collector):
 
 
 class _EngineCollector(Collector):
+    """The engine's figures, one sample per data-parallel group (label `dp_rank`)."""
+
     def __init__(self, engine: EngineClient) -> None:
         self._engine = engine
 
     def collect(self) -> Iterator[Metric]:
         stats = self._engine.statistics()  # the latest snapshot: a scrape never waits
-        s = stats.scheduler
+        ranks = stats.per_rank()
         gauge, counter = GaugeMetricFamily, CounterMetricFamily
         for family, name, documentation, value in (
-            (gauge, "num_requests_running", "Sequences in the running batch.", s.num_running),
-            (gauge, "num_requests_waiting", "Sequences waiting to be scheduled.", s.num_waiting),
+            (gauge, "num_requests_running", "Sequences in the running batch.", _running),
+            (gauge, "num_requests_waiting", "Sequences waiting to be scheduled.", _waiting),
             (
                 gauge,
                 "kv_cache_usage_perc",
                 "Fraction of KV cache blocks in use (0 to 1).",
-                stats.kv_cache_usage,
+                _kv_cache_usage,
             ),
-            (
-                counter,
-                "prompt_tokens",
-                "Prompt tokens submitted.",
-                stats.frontend.prompt_tokens_total,
-            ),
-            (counter, "generation_tokens", "Tokens generated.", s.num_generated_tokens),
-            (counter, "num_preemptions", "Sequences preempted.", s.num_preemptions),
+            (counter, "prompt_tokens", "Prompt tokens submitted.", _prompt_tokens),
+            (counter, "generation_tokens", "Tokens generated.", _generated),
+            (counter, "num_preemptions", "Sequences preempted.", _preemptions),
             (
                 counter,
                 "prefix_cache_hit_tokens",
                 "Prompt tokens served from the prefix cache.",
-                s.num_cached_tokens,
+                _cache_hits,
             ),
         ):
-            yield family(f"runtime:{name}", documentation, value)
+            metric = family(f"runtime:{name}", documentation, labels=["dp_rank"])
+            for rank in ranks:
+                metric.add_metric([str(rank.dp_rank)], value(rank))
+            yield metric
         yield from _time_split(stats)
+
+
+def _running(rank: RankStats) -> float:
+    return rank.scheduler.num_running
+
+
+def _waiting(rank: RankStats) -> float:
+    return rank.scheduler.num_waiting
+
+
+def _waiting_or_held(rank: RankStats) -> float:
+    return rank.scheduler.num_waiting + rank.scheduler.num_held
+
+
+def _kv_cache_usage(rank: RankStats) -> float:
+    s = rank.scheduler
+    return (
+        (s.num_total_blocks - s.num_free_blocks) / s.num_total_blocks if s.num_total_blocks else 0.0
+    )
+
+
+def _prompt_tokens(rank: RankStats) -> float:
+    return rank.prompt_tokens_total
+
+
+def _generated(rank: RankStats) -> float:
+    return rank.scheduler.num_generated_tokens
+
+
+def _preemptions(rank: RankStats) -> float:
+    return rank.scheduler.num_preemptions
+
+
+def _cache_hits(rank: RankStats) -> float:
+    return rank.scheduler.num_cached_tokens
+
+
+_CACHE_CONFIG = ("block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching")
 
 
 class _VLLMCollector(Collector):
     """vLLM's names for the same figures, which the Kubernetes Gateway API Inference
-    Extension and vLLM's production stack scrape."""
+    Extension and vLLM's production stack scrape; like vLLM, each data-parallel group is
+    an `engine`."""
 
     def __init__(self, engine: EngineClient, model_name: str) -> None:
         self._engine = engine
-        self._labels = {"model_name": model_name, "engine": "0"}
+        self._model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._engine.statistics()
-        s = stats.scheduler
-        names, values = list(self._labels), list(self._labels.values())
+        ranks = self._engine.statistics().per_rank()
         for family, name, documentation, value in (
-            (GaugeMetricFamily, "num_requests_running", "Requests running.", s.num_running),
-            (
-                GaugeMetricFamily,
-                "num_requests_waiting",
-                "Requests waiting.",
-                s.num_waiting + s.num_held,
-            ),
+            (GaugeMetricFamily, "num_requests_running", "Requests running.", _running),
+            (GaugeMetricFamily, "num_requests_waiting", "Requests waiting.", _waiting_or_held),
             (
                 GaugeMetricFamily,
                 "kv_cache_usage_perc",
                 "KV-cache usage; 1 means 100 percent.",
-                stats.kv_cache_usage,
+                _kv_cache_usage,
             ),
             (
                 CounterMetricFamily,
                 "prefix_cache_queries",
                 "Prefix cache queries, in tokens.",
-                stats.frontend.prompt_tokens_total,
+                _prompt_tokens,
             ),
             (
                 CounterMetricFamily,
                 "prefix_cache_hits",
                 "Prefix cache hits, in tokens.",
-                s.num_cached_tokens,
+                _cache_hits,
             ),
         ):
-            metric = family(f"vllm:{name}", documentation, labels=names)
-            metric.add_metric(values, value)
+            metric = family(f"vllm:{name}", documentation, labels=["engine", "model_name"])
+            for rank in ranks:
+                metric.add_metric([str(rank.dp_rank), self._model_name], value(rank))
             yield metric
         info = self._engine.server_info()
-        config = {
-            "block_size": info.get("block_size"),
-            "num_gpu_blocks": info.get("num_kv_blocks"),
-            "cache_dtype": info.get("dtype"),
-            "enable_prefix_caching": info.get("enable_prefix_caching"),
-            "engine": "0",
-        }
         cache = GaugeMetricFamily(
-            "vllm:cache_config_info", "Information of the KV cache.", labels=list(config)
+            "vllm:cache_config_info",
+            "Information of the KV cache.",
+            labels=[
+                "block_size",
+                "num_gpu_blocks",
+                "cache_dtype",
+                "enable_prefix_caching",
+                "engine",
+            ],
         )
-        cache.add_metric([str(v) for v in config.values()], 1)
+        for rank in ranks:
+            values = (
+                info.get("block_size"),
+                rank.scheduler.num_total_blocks or info.get("num_kv_blocks"),
+                info.get("dtype"),
+                info.get("enable_prefix_caching"),
+                rank.dp_rank,
+            )
+            cache.add_metric([str(v) for v in values], 1)
         yield cache
 
 

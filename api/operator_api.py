@@ -38,21 +38,22 @@ def register(app: QuartTrio, state: ServerState) -> None:
                 param="include",
                 code="invalid_value",
             )
-        ranks = [state.engine.get_load()]  # one scheduler: data parallelism is issue 13
+        ranks = state.engine.get_loads()
+        count = len(ranks)
         wanted = request.args.get("dp_rank")
         if wanted is not None:
             ranks = [load for load in ranks if str(load["dp_rank"]) == wanted]
         body = {
             "timestamp": datetime.now(UTC).isoformat(),
             "version": server_version,
-            "dp_rank_count": 1,
+            "dp_rank_count": count,
             "loads": ranks,
         }
         return jsonify(body)
 
     @app.get("/get_load")
     async def get_load() -> Response:
-        return jsonify([legacy_load(state.engine.get_load())])
+        return jsonify([legacy_load(load) for load in state.engine.get_loads()])
 
     async def server_info() -> Response:
         internal = state.engine.get_internal_state()
@@ -64,8 +65,8 @@ def register(app: QuartTrio, state: ServerState) -> None:
             "enable_control_api": settings.enable_control_api,
             "api_key_required": settings.api_key is not None,  # never the key itself
             "status": "ready",
-            "max_total_num_tokens": internal["memory_usage"]["token_capacity"],
-            "internal_states": [internal],
+            "max_total_num_tokens": sum(i["memory_usage"]["token_capacity"] for i in internal),
+            "internal_states": internal,
             "version": server_version,
         }
         return jsonify(info)

@@ -55,8 +55,8 @@ def timed_post(url: str, path: str, **kwargs: object) -> float:
 
 async def running_now(http: httpx.AsyncClient) -> float:
     text = (await http.get("/metrics")).text
-    match = re.search(r"^runtime:num_requests_running (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
+    samples = re.findall(r"^runtime:num_requests_running{[^}]*} (\S+)$", text, re.MULTILINE)
+    return sum(map(float, samples))  # over data-parallel ranks
 
 
 async def pause_under_load(url: str, running: int) -> tuple[float, int]:

@@ -49,8 +49,8 @@ def snapshot(server_pid: int, url: str) -> dict[str, float]:
     figures["api_fds"] = len(os.listdir(f"/proc/{server_pid}/fd"))
     metrics = httpx.get(url + "/metrics").text
     for name in ("kv_cache_usage_perc", "num_requests_running", "num_requests_waiting"):
-        match = re.search(rf"^runtime:{name} (\S+)$", metrics, re.MULTILINE)
-        figures[name] = float(match.group(1)) if match else -1.0
+        samples = re.findall(rf"^runtime:{name}{{[^}}]*}} (\S+)$", metrics, re.MULTILINE)
+        figures[name] = sum(map(float, samples)) if samples else -1.0  # over dp ranks
     return figures
 
 

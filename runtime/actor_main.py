@@ -40,13 +40,13 @@ def main() -> None:
     if role == "scheduler":
         from runtime.scheduler.actor import SchedulerActor
 
-        actor = SchedulerActor(config, frozenset(spec["eos_token_ids"]))
+        actor = SchedulerActor(config, frozenset(spec["eos_token_ids"]), spec["dp_rank"])
         frontend_address, worker_address = spec["listen"]
         trio.run(actor.serve, frontend_address, worker_address)
     elif role == "worker":
         from runtime.worker.actor import WorkerActor
 
-        trio.run(WorkerActor(config, spec["progress"]).serve, spec["dial"])
+        trio.run(WorkerActor(config, spec["progress"], spec["dp_rank"]).serve, spec["dial"])
     else:
         raise SystemExit(f"unknown actor role {role!r}")
 

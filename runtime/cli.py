@@ -125,6 +125,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_n=args.max_n,
         max_logprobs=args.max_logprobs,
         logprobs_mode=args.logprobs_mode,
+        data_parallel_size=args.data_parallel_size,
     )
 
 

@@ -29,9 +29,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=0,
-        help="torch threads in the worker (default: all cores but one)",
+        help="torch threads per worker (default: all cores but one, shared by the workers)",
     )
     serve.add_argument("--mode", default="process", choices=["process", "inproc"])
+    serve.add_argument(
+        "--data-parallel-size",
+        "--dp-size",
+        type=int,
+        default=1,
+        help="scheduler+worker groups, each a full copy of the model (default 1)",
+    )
     serve.add_argument("--no-prefix-caching", action="store_true")
     serve.add_argument(
         "--max-sessions", type=int, default=1024, help="sessions (open_session) open at once"

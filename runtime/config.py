@@ -50,6 +50,8 @@ class EngineConfig:
         logprobs_mode: "raw": log-probabilities are the model's own distribution (before
             temperature, penalties and filters), as vLLM's default; "processed": of the
             distribution each token was actually drawn from.
+        data_parallel_size: scheduler+worker groups behind the one frontend, each with its
+            own copy of the model and its own KV pool (`kv_cache_memory` is per group).
     """
 
     model: str
@@ -69,6 +71,7 @@ class EngineConfig:
     max_n: int = 16
     max_logprobs: int = 20
     logprobs_mode: Literal["raw", "processed"] = "raw"
+    data_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in ("process", "inproc"):
@@ -81,6 +84,7 @@ class EngineConfig:
             "max_steps_in_flight",
             "max_sessions",
             "max_n",
+            "data_parallel_size",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

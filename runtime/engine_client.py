@@ -129,14 +129,34 @@ class FrontendStats:
 
 
 @dataclass(frozen=True, slots=True)
+class RankStats:
+    """One data-parallel group's figures."""
+
+    dp_rank: int
+    scheduler: SchedulerStats
+    worker: WorkerStats
+    prompt_tokens_total: int
+    """Prompt tokens of the requests sent to this group."""
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStats:
     """The frontend's figures and the latest each actor reported. Every step's outputs carry
     the actors' figures, and they send a last report when they come to rest, so at rest this
-    snapshot is exact."""
+    snapshot is exact. With data parallelism, `scheduler` and `worker` add up every group's
+    figures, and `ranks` has each group's own."""
 
     frontend: FrontendStats
     scheduler: SchedulerStats
     worker: WorkerStats
+    ranks: tuple[RankStats, ...] = ()
+
+    def per_rank(self) -> tuple[RankStats, ...]:
+        """Each data-parallel group's figures (one group: the engine's own)."""
+        if self.ranks:
+            return self.ranks
+        prompts = self.frontend.prompt_tokens_total
+        return (RankStats(0, self.scheduler, self.worker, prompts),)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -301,12 +321,14 @@ class EngineClient(Protocol):
         """Stop profiling once every trace is written; ValueError if none runs."""
         ...
 
-    def get_load(self) -> dict[str, Any]:
-        """This engine's load, as one entry of SGLang's `/v1/loads` (what routers read)."""
+    def get_loads(self) -> list[dict[str, Any]]:
+        """The load of each data-parallel group, as SGLang's `/v1/loads` entries (what
+        routers read), by `dp_rank`."""
         ...
 
-    def get_internal_state(self) -> dict[str, Any]:
-        """One entry of SGLang's `internal_states`: `last_gen_throughput`, `#running`..."""
+    def get_internal_state(self) -> list[dict[str, Any]]:
+        """SGLang's `internal_states`, one per data-parallel group: `last_gen_throughput`,
+        `#running`..."""
         ...
 
     def server_info(self) -> dict[str, Any]:

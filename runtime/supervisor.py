@@ -22,6 +22,7 @@ import trio
 
 from runtime import ipc_dir
 from runtime.config import EngineConfig
+from runtime.tracing import actor_name
 from runtime.wire.transport import Channel, inproc_address, ipc_address
 
 
@@ -40,40 +41,86 @@ async def start_actors(
     eos_token_ids: frozenset[int],
     progress: bool,
     on_death: OnDeath,
-) -> tuple[Channel, dict[str, trio.Process]]:
-    """Start both actors; return the frontend's channel to the scheduler (not yet ready)
-    and the child processes by role (none in inproc mode)."""
-    if config.mode == "inproc":
-        # imported here: a process-mode parent only spawns the actors, never imports them
-        from runtime.scheduler.actor import SchedulerActor
-        from runtime.worker.actor import WorkerActor
+) -> tuple[list[Channel], dict[str, trio.Process]]:
+    """Start a scheduler and a worker per data-parallel group; return the frontend's channel
+    to each group's scheduler (not yet ready) and the child processes by name (none in
+    inproc mode): "scheduler" and "worker", or "scheduler-dp0", "worker-dp0"... ."""
+    channels: list[Channel] = []
+    processes: dict[str, trio.Process] = {}
+    for dp_rank in range(config.data_parallel_size):
+        if config.mode == "inproc":
+            address = await _start_tasks(nursery, config, eos_token_ids, progress, dp_rank)
+        else:
+            address, spawned = await _start_processes(
+                nursery, config, eos_token_ids, progress, on_death, dp_rank
+            )
+            processes |= spawned
+        channels.append(Channel.dial(address))
+    return channels, processes
 
-        frontend_address, worker_address = inproc_address("frontend"), inproc_address("worker")
-        scheduler = SchedulerActor(config, eos_token_ids)
-        await nursery.start(scheduler.serve, frontend_address, worker_address)  # can be dialed
-        nursery.start_soon(WorkerActor(config, progress).serve, worker_address)
-        return Channel.dial(frontend_address), {}
+
+async def _start_tasks(
+    nursery: trio.Nursery,
+    config: EngineConfig,
+    eos_token_ids: frozenset[int],
+    progress: bool,
+    dp_rank: int,
+) -> str:
+    # imported here: a process-mode parent only spawns the actors, never imports them
+    from runtime.scheduler.actor import SchedulerActor
+    from runtime.worker.actor import WorkerActor
+
+    frontend_address, worker_address = inproc_address("frontend"), inproc_address("worker")
+    scheduler = SchedulerActor(config, eos_token_ids, dp_rank)
+    await nursery.start(scheduler.serve, frontend_address, worker_address)  # can be dialed
+    nursery.start_soon(WorkerActor(config, progress, dp_rank).serve, worker_address)
+    return frontend_address
+
+
+async def _start_processes(
+    nursery: trio.Nursery,
+    config: EngineConfig,
+    eos_token_ids: frozenset[int],
+    progress: bool,
+    on_death: OnDeath,
+    dp_rank: int,
+) -> tuple[str, dict[str, trio.Process]]:
     directory = ipc_dir.make()
     nursery.start_soon(_remove_on_exit, directory)
     frontend_address = ipc_address(directory, "frontend")
     worker_address = ipc_address(directory, "worker")
-    spec: dict[str, object] = {"config": config.to_dict(), "eos_token_ids": sorted(eos_token_ids)}
+    spec: dict[str, object] = {
+        "config": config.to_dict(),
+        "eos_token_ids": sorted(eos_token_ids),
+        "dp_rank": dp_rank,
+    }
+    scheduler, worker = (
+        actor_name(role, dp_rank, config.data_parallel_size) for role in ("scheduler", "worker")
+    )
     processes = {
-        "scheduler": await _spawn(
-            nursery, "scheduler", spec | {"listen": [frontend_address, worker_address]}, on_death
+        scheduler: await _spawn(
+            nursery,
+            "scheduler",
+            scheduler,
+            spec | {"listen": [frontend_address, worker_address]},
+            on_death,
         ),
-        "worker": await _spawn(
-            nursery, "worker", spec | {"dial": worker_address, "progress": progress}, on_death
+        worker: await _spawn(
+            nursery,
+            "worker",
+            worker,
+            spec | {"dial": worker_address, "progress": progress},
+            on_death,
         ),
     }
-    return Channel.dial(frontend_address), processes
+    return frontend_address, processes
 
 
 async def _spawn(
-    nursery: trio.Nursery, role: str, spec: dict[str, object], on_death: OnDeath
+    nursery: trio.Nursery, role: str, name: str, spec: dict[str, object], on_death: OnDeath
 ) -> trio.Process:
     command = [sys.executable, "-m", "runtime.actor_main", role, json.dumps(spec)]
-    process: trio.Process = await nursery.start(_supervise, role, command, on_death)
+    process: trio.Process = await nursery.start(_supervise, name, command, on_death)
     return process
 
 

@@ -25,6 +25,12 @@ class ProfileRequest:
     with_stack: bool
 
 
+def actor_name(role: str, dp_rank: int, dp_size: int) -> str:
+    """An actor's name in logs, process lists and trace files: "worker", or "worker-dp1"
+    when there are several data-parallel groups."""
+    return role if dp_size == 1 else f"{role}-dp{dp_rank}"
+
+
 def trace_path(output_dir: str, actor: str, rank: int = 0) -> Path:
     return Path(output_dir) / f"{actor}-rank{rank}.trace.json"
 

@@ -10,6 +10,7 @@ from api.app import create_app
 from api.state import ServerSettings
 from tests.api_helpers import MODEL
 from tests.fake_engine import FakeEngine
+from tests.parity_helpers import greedy_references
 from tools.tiny_model import make_tiny_model
 
 ARCHS = ("llama", "qwen2", "qwen3")
@@ -25,6 +26,13 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def llama_dir(model_dirs: dict[str, Path]) -> Path:
     return model_dirs["llama"]
+
+
+@pytest.fixture(scope="session")
+def references(model_dirs: dict[str, Path]) -> dict[str, list[list[int]]]:
+    """transformers' greedy continuation of SHARED and each of `prompt_set()`, per
+    architecture (tests/parity_helpers.py)."""
+    return greedy_references(model_dirs, ARCHS)
 
 
 # -- the HTTP layer against a fake engine (tests/test_api*.py) --------------------------------

@@ -17,6 +17,7 @@ from runtime.engine_client import (
     FrontendStats,
     ModelCard,
     NamedTensors,
+    RankStats,
     RequestOutput,
     RequestTimeoutError,
     SamplingParams,
@@ -47,6 +48,7 @@ class FakeEngine(EngineClient):
     max_num_seqs: int = 8
     sessions: set[str] = field(default_factory=set)
     profiling: str | None = None
+    data_parallel_size: int = 1  # each group reports the same figures
 
     @property
     def model_card(self) -> ModelCard:
@@ -241,11 +243,11 @@ class FakeEngine(EngineClient):
             raise ValueError("no profile is running")
         self.profiling = None
 
-    def get_load(self) -> dict[str, Any]:
-        return load_entry(self.statistics(), 16, 0.0)
+    def get_loads(self) -> list[dict[str, Any]]:
+        return [load_entry(rank, 16, 0.0) for rank in self.statistics().per_rank()]
 
-    def get_internal_state(self) -> dict[str, Any]:
-        return internal_state(self.get_load())
+    def get_internal_state(self) -> list[dict[str, Any]]:
+        return [internal_state(load) for load in self.get_loads()]
 
     def server_info(self) -> dict[str, Any]:
         return {"model": "/fake/model", "max_num_seqs": self.max_num_seqs, "block_size": 16}
@@ -285,7 +287,10 @@ class FakeEngine(EngineClient):
             num_cached_tokens=2,
             max_num_seqs=self.max_num_seqs,
         )
-        return EngineStats(frontend, scheduler, WorkerStats())
+        ranks = tuple(
+            RankStats(g, scheduler, WorkerStats(), 7) for g in range(self.data_parallel_size)
+        )
+        return EngineStats(frontend, scheduler, WorkerStats(), ranks)
 
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         await trio.lowlevel.checkpoint()

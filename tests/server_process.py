@@ -98,8 +98,8 @@ def wait_until(predicate: object, timeout: float = 20.0, interval: float = 0.05)
 
 
 def metric(server: ServerProcess, name: str) -> float:
-    """One unlabelled figure of the server's /metrics."""
+    """One figure of the server's /metrics, added up over its samples (e.g. dp ranks)."""
     text = httpx.get(server.url + "/metrics").text
-    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
-    assert match, f"{name} not in /metrics"
-    return float(match.group(1))
+    samples = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+    assert samples, f"{name} not in /metrics"
+    return sum(map(float, samples))

@@ -177,16 +177,27 @@ async def test_metrics(client: QuartClient) -> None:
     await client.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3})
     text = (await (await client.get("/metrics")).get_data()).decode()
     for line in [
-        "runtime:num_requests_running 0.0",
-        "runtime:num_requests_waiting 0.0",
-        "runtime:kv_cache_usage_perc 0.1",
-        "runtime:prompt_tokens_total 7.0",
-        "runtime:generation_tokens_total 11.0",
+        'runtime:num_requests_running{dp_rank="0"} 0.0',
+        'runtime:num_requests_waiting{dp_rank="0"} 0.0',
+        'runtime:kv_cache_usage_perc{dp_rank="0"} 0.1',
+        'runtime:prompt_tokens_total{dp_rank="0"} 7.0',
+        'runtime:generation_tokens_total{dp_rank="0"} 11.0',
         "runtime:time_to_first_token_seconds_count 1.0",
         "runtime:inter_token_latency_seconds_count 2.0",
         "runtime:e2e_request_latency_seconds_count 1.0",
     ]:
         assert line in text, line
+
+
+async def test_metrics_have_one_sample_per_data_parallel_group() -> None:
+    engine = FakeEngine(data_parallel_size=2)
+    app = create_app(engine, ServerSettings(served_model_name=MODEL))
+    async with app.test_app() as test_app:
+        text = await (await test_app.test_client().get("/metrics")).get_data(as_text=True)
+    for rank in ("0", "1"):
+        assert f'runtime:generation_tokens_total{{dp_rank="{rank}"}} 11.0' in text
+        assert f'vllm:num_requests_running{{engine="{rank}",model_name="{MODEL}"}} 0.0' in text
+        assert f'engine="{rank}",num_gpu_blocks="100"' in text
 
 
 async def test_openapi_describes_every_route_with_its_real_schema(client: QuartClient) -> None:

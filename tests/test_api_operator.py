@@ -49,8 +49,25 @@ async def test_loads_in_sglangs_shape(client: QuartClient, engine: FakeEngine) -
     legacy = await (await client.get("/get_load")).get_json()
     assert legacy[0]["num_reqs"] == 1 and legacy[0]["num_tokens"] == 160
     assert (await client.get("/v1/loads", query_string={"dp_rank": "1"})).status_code == 200
+    none = await (await client.get("/v1/loads", query_string={"dp_rank": "1"})).get_json()
+    assert none["loads"] == [] and none["dp_rank_count"] == 1
     bad = await client.get("/v1/loads", query_string={"include": "core,gossip"})
     assert bad.status_code == 400 and (await bad.get_json())["error"]["param"] == "include"
+
+
+async def test_loads_list_every_data_parallel_group(engine: FakeEngine) -> None:
+    engine.data_parallel_size = 2
+    app = create_app(engine, ServerSettings(served_model_name=MODEL))
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        body = await (await client.get("/v1/loads")).get_json()
+        one = await (await client.get("/v1/loads", query_string={"dp_rank": "1"})).get_json()
+        legacy = await (await client.get("/get_load")).get_json()
+        info = await (await client.get("/server_info")).get_json()
+    assert body["dp_rank_count"] == 2 and [x["dp_rank"] for x in body["loads"]] == [0, 1]
+    assert one["dp_rank_count"] == 2 and [x["dp_rank"] for x in one["loads"]] == [1]
+    assert [x["dp_rank"] for x in legacy] == [0, 1]
+    assert len(info["internal_states"]) == 2 and info["max_total_num_tokens"] == 2 * 1600
 
 
 async def test_server_info_never_shows_the_api_key(control: QuartClient) -> None:

@@ -74,7 +74,8 @@ def test_abort_ends_a_request_with_its_partial_output_and_holds_new_ones(
     expected = generate(server, 1500)["output_ids"]
     running, result = in_thread(generate, server, 1500)
     deadline = time.monotonic() + 60
-    while "runtime:num_requests_running 1.0" not in httpx.get(server.url + "/metrics").text:
+    running_one = 'runtime:num_requests_running{dp_rank="0"} 1.0'
+    while running_one not in httpx.get(server.url + "/metrics").text:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     time.sleep(0.3)
@@ -111,7 +112,8 @@ def test_abort_request_by_rid_flush_cache_and_model_info(server: ServerProcess) 
         lambda: httpx.post(server.url + "/generate", json=body, timeout=120).json()
     )
     deadline = time.monotonic() + 60
-    while "runtime:num_requests_running 1.0" not in httpx.get(server.url + "/metrics").text:
+    running_one = 'runtime:num_requests_running{dp_rank="0"} 1.0'
+    while running_one not in httpx.get(server.url + "/metrics").text:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     response = httpx.post(server.url + "/flush_cache", timeout=60)

@@ -83,7 +83,8 @@ def test_release_is_refused_while_a_request_runs(server: ServerProcess) -> None:
     running = threading.Thread(target=lambda: result.append(generate(server, body)))
     running.start()
     deadline = time.monotonic() + 60
-    while "runtime:num_requests_running 1.0" not in httpx.get(server.url + "/metrics").text:
+    running_one = 'runtime:num_requests_running{dp_rank="0"} 1.0'
+    while running_one not in httpx.get(server.url + "/metrics").text:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     refused = post(server, "/release_memory_occupation", json={"tags": ["kv_cache"]})

@@ -5,43 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
 from runtime.config import EngineConfig
 from runtime.frontend.launch import open_engine
-from runtime.sampling_params import SamplingParams
 from tests.conftest import ARCHS
-from tests.engine_helpers import collect, collect_all, random_prompts
-
-LENGTHS = [1, 2, 3, 7, 15, 16, 17, 31, 48, 64, 100, 129, 150, 200, 256, 300]
-SHARED = random_prompts([80], seed=99)[0]  # a common prefix: 5 full blocks of 16
-MAX_TOKENS = 16
-GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
-
-
-def prompt_set() -> list[list[int]]:
-    prompts = random_prompts(LENGTHS, seed=1)
-    for i in range(0, len(prompts), 3):  # every third one starts with the shared prefix
-        prompts[i] = SHARED + prompts[i]
-    return prompts
-
-
-@pytest.fixture(scope="session")
-def references(model_dirs: dict[str, Path]) -> dict[str, list[list[int]]]:
-    """transformers' greedy continuation of every prompt, per architecture."""
-    refs = {}
-    for arch in ARCHS:
-        model = AutoModelForCausalLM.from_pretrained(model_dirs[arch], dtype=torch.float32)
-        outputs = []
-        for prompt in [SHARED, *prompt_set()]:
-            ids = torch.tensor([prompt])
-            out = model.generate(
-                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_TOKENS
-            )
-            outputs.append(out[0, len(prompt) :].tolist())
-        refs[arch] = outputs
-    return refs
+from tests.engine_helpers import collect, collect_all
+from tests.parity_helpers import GREEDY, SHARED, prompt_set
 
 
 @pytest.mark.parametrize("mode", ["inproc", "process"])

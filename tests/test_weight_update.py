@@ -125,7 +125,7 @@ async def test_a_client_that_leaves_midway_does_not_stop_an_update(
             await http.post(path, json=json)
 
         async def running() -> bool:
-            return "num_requests_running 1.0" in (await http.get("/metrics")).text
+            return 'num_requests_running{dp_rank="0"} 1.0' in (await http.get("/metrics")).text
 
         async def paused() -> bool:
             return bool((await http.get("/is_paused")).json()["is_paused"])

@@ -38,6 +38,7 @@ from runtime.engine_client import (
     SessionParams,
 )
 from runtime.frontend.calls import Answer, Calls
+from runtime.frontend.data_parallel import DataParallelChannel
 from runtime.frontend.inputs import InputProcessor
 from runtime.frontend.loads import LoadReports, ThroughputMeter
 from runtime.frontend.outbox import Outbox
@@ -77,11 +78,13 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
         info: ModelInfo,
         tokenizer: PreTrainedTokenizerBase,
         processes: dict[str, trio.Process] | None = None,
+        groups: DataParallelChannel | None = None,
     ) -> None:
         self.config = config
         self.info = info
         self.inputs = InputProcessor(tokenizer, info.vocab_size, config, info.eos_token_ids)
         self.processes = processes or {}  # actor processes by role (process mode)
+        self._groups = groups  # with data parallelism: the channel to every group
         self.ready: EngineReady | None = None  # what the actors run, once `run` has started
         self._outbox = Outbox()
         self._streams: dict[str, RequestStream] = {}  # by the engine's own request id
@@ -91,10 +94,11 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
         self._no_requests.set()
         self._call_order = itertools.count()
         self._calls = Calls(self._outbox)  # pings and control messages awaiting an answer
-        self.steering = Steering(self, config.model)
+        self.steering = Steering(self, config.model, config.data_parallel_size)
         self.sessions = Sessions(config.max_sessions)
         self.trace = PhaseTrace("frontend")  # while profiling (start_profile)
-        self._meter = ThroughputMeter()  # generated tokens per second, for get_load
+        # generated tokens per second of each data-parallel group, for get_loads
+        self._meters = [ThroughputMeter() for _ in range(config.data_parallel_size)]
         self._sessions_changed = trio.Event()
         self._dead: BaseException | None = None
         self._prompt_tokens = 0
@@ -211,7 +215,8 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
 
     def server_info(self) -> dict[str, Any]:
         settings = dataclasses.asdict(self.config)
-        settings["max_num_seqs"] = self._scheduler_stats.max_num_seqs or self.config.max_num_seqs
+        live = self.statistics().per_rank()[0].scheduler.max_num_seqs  # the same in each group
+        settings["max_num_seqs"] = live or self.config.max_num_seqs
         if self.ready is not None:  # what the actors run, read back from them
             w = self.ready.worker
             settings |= {"num_kv_blocks": w.num_kv_blocks, "dtype": w.dtype,
@@ -229,14 +234,15 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
             dispatch_seconds=self._dispatch_seconds,
             detokenize_seconds=self._detokenize_seconds,
         )
-        return EngineStats(frontend, self._scheduler_stats, self._worker_stats)
+        ranks = self._groups.ranks() if self._groups is not None else ()
+        return EngineStats(frontend, self._scheduler_stats, self._worker_stats, ranks)
 
     async def fetch_statistics(self) -> EngineStats:
         """Fresh statistics: a round trip through both actors, after all earlier submissions."""
         answer = await self._ping()
         now = self.statistics()
-        return EngineStats(
-            now.frontend, answer.scheduler or now.scheduler, answer.worker or now.worker
+        return dataclasses.replace(
+            now, scheduler=answer.scheduler or now.scheduler, worker=answer.worker or now.worker
         )
 
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:

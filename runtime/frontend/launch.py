@@ -7,16 +7,18 @@ async with open_engine(EngineConfig(model="path/to/checkpoint")) as engine:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 
 import trio
 from transformers import AutoTokenizer
 
 from runtime.config import EngineConfig
 from runtime.engine_client import EngineDeadError
+from runtime.frontend.data_parallel import DataParallelChannel
 from runtime.frontend.engine import Engine
 from runtime.model_info import load_model_info, resolve_max_model_len
 from runtime.supervisor import ActorDiedError, OnDeath, start_actors
+from runtime.wire.transport import MessageChannel
 
 # Seconds the requests of a dead engine (and `on_actor_death`) get to report the error.
 ACTOR_DEATH_GRACE = 5.0
@@ -48,12 +50,20 @@ async def open_engine(
                 await on_actor_death(error)
 
     async with trio.open_nursery() as actors:
-        channel, processes = await start_actors(
+        channels, processes = await start_actors(
             actors, config, info.eos_token_ids, progress, report_death
         )
-        with channel:  # closed only once the tasks using it have exited
-            starting = Engine(config, info, tokenizer, processes)
+        with ExitStack() as closing:  # closed only once the tasks using them have exited
+            for each in channels:
+                closing.enter_context(each)
+            channel: MessageChannel = channels[0]
+            groups = None
+            if len(channels) > 1:
+                channel = groups = DataParallelChannel(channels, config.block_size)
+            starting = Engine(config, info, tokenizer, processes, groups)
             async with trio.open_nursery() as frontend:
+                if groups is not None:
+                    await frontend.start(groups.run)
                 await frontend.start(starting.run, channel)
                 engine = starting
                 try:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.config import EngineConfig
-from runtime.engine_client import EngineStats
+from runtime.engine_client import EngineStats, RankStats
 
 
 class ThroughputMeter:
@@ -32,21 +32,21 @@ class ThroughputMeter:
         return (generated - before) / (now - then) if now > then else 0.0
 
 
-def load_entry(stats: EngineStats, block_size: int, throughput: float) -> dict[str, Any]:
+def load_entry(rank: RankStats, block_size: int, throughput: float) -> dict[str, Any]:
     """One data-parallel rank's load, in SGLang's `/v1/loads` shape.
 
     Tokens are KV slots: `num_used_tokens` counts the blocks requests hold (cached prefixes
     nobody holds are free). `utilization` is the larger of the batch's fill and the KV's
     (SGLang leaves it 0 unless an SLO is configured).
     """
-    s = stats.scheduler
+    s = rank.scheduler
     total = s.num_total_blocks * block_size
     used = (s.num_total_blocks - s.num_free_blocks) * block_size
     token_usage = used / total if total else 0.0
     waiting = s.num_waiting + s.num_held
-    prompts = stats.frontend.prompt_tokens_total
+    prompts = rank.prompt_tokens_total
     return {
-        "dp_rank": 0,
+        "dp_rank": rank.dp_rank,
         "num_running_reqs": s.num_running,
         "num_waiting_reqs": waiting,
         "num_waiting_uncached_tokens": s.num_waiting_uncached_tokens,
@@ -74,16 +74,18 @@ def internal_state(load: dict[str, Any]) -> dict[str, Any]:
 
 
 class LoadReports:
-    """Mixed into the engine: `get_load` and `get_internal_state` from its statistics."""
+    """Mixed into the engine: `get_loads` and `get_internal_state` from its statistics."""
 
     config: EngineConfig
-    _meter: ThroughputMeter
+    _meters: list[ThroughputMeter]  # one per data-parallel group
     statistics: Callable[[], EngineStats]  # the engine's
 
-    def get_load(self) -> dict[str, Any]:
-        stats = self.statistics()
-        throughput = self._meter.rate(stats.scheduler.num_generated_tokens)
-        return load_entry(stats, self.config.block_size, throughput)
+    def get_loads(self) -> list[dict[str, Any]]:
+        loads = []
+        for rank, meter in zip(self.statistics().per_rank(), self._meters, strict=True):
+            throughput = meter.rate(rank.scheduler.num_generated_tokens)
+            loads.append(load_entry(rank, self.config.block_size, throughput))
+        return loads
 
-    def get_internal_state(self) -> dict[str, Any]:
-        return internal_state(self.get_load())
+    def get_internal_state(self) -> list[dict[str, Any]]:
+        return [internal_state(load) for load in self.get_loads()]

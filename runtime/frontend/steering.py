@@ -60,8 +60,9 @@ class Controlled(Protocol):
 
 
 class Steering:
-    def __init__(self, engine: Controlled, model_path: str) -> None:
+    def __init__(self, engine: Controlled, model_path: str, data_parallel_size: int = 1) -> None:
         self._engine = engine
+        self._workers = data_parallel_size  # each a rank of a trainer's weight group
         self._paused = False
         # Steering calls run one after another, so none sees another's half-done state (a
         # resume slipping into a memory release, a user's pause into an update).
@@ -199,12 +200,14 @@ class Steering:
     ) -> tuple[bool, str]:
         """Join a trainer's torch.distributed world (the trainer is rank 0) as `rank_offset`;
         returns once joined. Generation, and other steering calls, go on meanwhile: a
-        trainer that never comes holds nothing up (the join fails after GROUP_TIMEOUT)."""
-        if not (1 <= master_port <= 65535 and 1 <= rank_offset < world_size <= 65536):
+        trainer that never comes holds nothing up (the join fails after GROUP_TIMEOUT).
+        With data parallelism, group g's worker is rank `rank_offset + g`."""
+        last = rank_offset + self._workers - 1
+        if not (1 <= master_port <= 65535 and 1 <= rank_offset <= last < world_size <= 65536):
             return False, (
                 "Failed to init the weight update group: need 1 <= master_port <= 65535 and "
-                f"1 <= rank_offset < world_size <= 65536, got {master_port}, {rank_offset}, "
-                f"{world_size}"
+                "1 <= rank_offset, rank_offset + data_parallel_size - 1 < world_size <= "
+                f"65536, got {master_port}, {rank_offset}, {world_size}"
             )
         join = lambda nonce: JoinWeightGroup(  # noqa: E731
             nonce, group_name, master_address, master_port, rank_offset, world_size, backend or ""

@@ -20,7 +20,7 @@ from runtime.scheduler.block_manager import BlockManager
 from runtime.scheduler.pipeline import StepPipeline
 from runtime.scheduler.scheduler import Sample, SampledToken, ScheduledStep, Scheduler
 from runtime.scheduler.sequence import Sequence
-from runtime.tracing import PhaseTrace
+from runtime.tracing import PhaseTrace, actor_name
 from runtime.wire.codec import WireError
 from runtime.wire.messages import (
     AddRequest,
@@ -60,7 +60,9 @@ from runtime.wire.transport import Channel, MessageChannel
 
 
 class SchedulerActor:
-    def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self, config: EngineConfig, eos_token_ids: frozenset[int], dp_rank: int = 0
+    ) -> None:
         if config.max_model_len <= 0:
             raise ValueError("the scheduler needs a resolved max_model_len")
         self.config = config
@@ -69,7 +71,9 @@ class SchedulerActor:
         self._inbox: list[object] = []
         self._pongs: list[int] = []  # the worker answered these pings: relay them
         self._pausing: list[int] = []  # nonces of Pause messages not answered yet
-        self.trace = PhaseTrace("scheduler")  # while profiling (start_profile)
+        self.trace = PhaseTrace(
+            actor_name("scheduler", dp_rank, config.data_parallel_size)
+        )  # while profiling (start_profile)
         self._relay: list[ControlDone | WeightValues] = []  # the worker's answers: relayed
         self._inbox_changed = trio.Event()
         self._results_send, self._results = trio.open_memory_channel[StepResult](1)

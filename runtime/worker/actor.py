@@ -11,6 +11,7 @@ from collections.abc import Callable
 import trio
 
 from runtime.config import EngineConfig
+from runtime.tracing import actor_name
 from runtime.wire.codec import WireError
 from runtime.wire.messages import (
     ControlDone,
@@ -49,9 +50,10 @@ def return_freed_memory() -> None:
 
 
 class WorkerActor:
-    def __init__(self, config: EngineConfig, progress: bool = False) -> None:
+    def __init__(self, config: EngineConfig, progress: bool = False, dp_rank: int = 0) -> None:
         self.config = config
         self.progress = progress
+        self.name = actor_name("worker", dp_rank, config.data_parallel_size)
         # In its own process the worker has nothing else to do while the model runs, so it
         # runs it inline; sharing a trio loop with other actors, it runs it in one thread.
         self.inline = config.mode == "process"
@@ -105,7 +107,7 @@ class WorkerActor:
         self, runner: ModelRunner, scheduler: MessageChannel, nursery: trio.Nursery
     ) -> None:
         finished = time.perf_counter()
-        profiler = WorkerProfiler(runner.device)
+        profiler = WorkerProfiler(runner.device, self.name)
         while True:
             msg = await scheduler.recv()
             match msg:

@@ -49,15 +49,16 @@ class StepOutcome:
     prompt: tuple[Logprobs | None, ...] = ()
 
 
-def default_num_threads() -> int:
-    """All cores but one, which the scheduler and the frontend need. On the 2-core dev box a
-    second torch thread made decode steps ~2x slower (OpenMP spin-waits for tiny ops)."""
-    return max(1, len(os.sched_getaffinity(0)) - 1)
+def default_num_threads(num_workers: int = 1) -> int:
+    """All cores but one, which the schedulers and the frontend need, shared by the workers.
+    On the 2-core dev box a second torch thread made decode steps ~2x slower (OpenMP
+    spin-waits for tiny ops)."""
+    return max(1, (len(os.sched_getaffinity(0)) - 1) // num_workers)
 
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, progress: bool = False) -> None:
-        torch.set_num_threads(config.num_threads or default_num_threads())
+        torch.set_num_threads(config.num_threads or default_num_threads(config.data_parallel_size))
         self.num_threads = torch.get_num_threads()
         self.config = config
         self.info = load_model_info(config)

@@ -8,18 +8,28 @@ from torch.profiler import ProfilerActivity, profile
 
 from runtime.tracing import ProfileRequest, trace_path
 
+# torch.profiler is one per process: two at once crash it. Workers that share a process (data
+# parallelism in inproc mode) therefore take turns: the first to start records every thread's
+# ops, the others' included, and the others record nothing of their own.
+_recording = False
+
 
 class WorkerProfiler:
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, name: str = "worker") -> None:
         self.device = device
+        self.name = name  # of the trace file
         self._profile: profile | None = None
         self._request: ProfileRequest | None = None
         self._steps = 0
 
     def start(self, request: ProfileRequest) -> str:
         """Start recording; "" or why not."""
-        if self._profile is not None:
+        global _recording
+        if self._profile is not None or self._request is not None:
             return "the worker is already profiling"
+        self._request, self._steps = request, 0
+        if _recording:
+            return ""  # another worker of this process records our ops too
         activities = [ProfilerActivity.CPU]
         if "GPU" in request.activities and self.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)  # on CPU there is no GPU work to trace
@@ -29,7 +39,7 @@ class WorkerProfiler:
             with_stack=request.with_stack,
         )
         self._profile.start()
-        self._request, self._steps = request, 0
+        _recording = True
         return ""
 
     def step_done(self) -> None:
@@ -43,12 +53,14 @@ class WorkerProfiler:
     def stop(self) -> str:
         """Stop recording and write the trace; "" or why it could not be written. Stopping
         when not recording (`num_steps` ran out) is fine."""
-        if self._profile is None or self._request is None:
-            return ""
+        global _recording
         prof, request = self._profile, self._request
         self._profile = self._request = None
+        if prof is None or request is None:
+            return ""
+        _recording = False
         prof.stop()
-        path = trace_path(request.output_dir, "worker")
+        path = trace_path(request.output_dir, self.name)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             prof.export_chrome_trace(str(path))
