@@ -133,13 +133,12 @@ async def test_control_errors_are_named_by_rank_unless_every_group_gave_the_same
 
 
 async def test_a_weight_update_that_fails_in_one_group_only_is_fatal() -> None:
-    diverged = pytest.RaisesExc(GroupsDivergedError, match="dp_rank 1: disk full")
-    with pytest.RaisesGroup(diverged, flatten_subgroups=True):
-        async with two_groups() as (channel, groups):
-            await channel.send(UpdateWeights(3, "/new"))
-            groups[0].answer(ControlDone(3, ""))
-            groups[1].answer(ControlDone(3, "disk full"))
-            await channel.recv()
+    async with two_groups() as (channel, groups):
+        await channel.send(UpdateWeights(3, "/new"))
+        groups[0].answer(ControlDone(3, ""))
+        groups[1].answer(ControlDone(3, "disk full"))
+        with pytest.raises(GroupsDivergedError, match="dp_rank 1: disk full"):
+            await channel.recv()  # the engine dies of it
 
 
 async def test_trainer_ranks_and_weight_reads() -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import trio
@@ -68,6 +69,11 @@ _DROPS_CACHE = (FlushCache, UpdateWeights, UpdateWeightsFromFile, UpdateWeightsF
 _CHANGES_WEIGHTS = (UpdateWeights, UpdateWeightsFromFile, UpdateWeightsFromGroup, ResumeMemory)
 
 
+@dataclass(frozen=True, slots=True)
+class _Broken:
+    error: Exception
+
+
 class GroupsDivergedError(RuntimeError):
     """A weight change succeeded in some data-parallel groups and failed in others."""
 
@@ -105,7 +111,12 @@ class DataParallelChannel(MessageChannel):
         )
 
     async def recv(self) -> object:
-        return await self._inbox.receive()
+        """The next message for the engine; raises what broke a group's receiving (a
+        `GroupsDivergedError`, a closed socket), so the engine dies of the real cause."""
+        msg = await self._inbox.receive()
+        if isinstance(msg, _Broken):
+            raise msg.error
+        return msg
 
     async def send(self, msg: object) -> None:
         match msg:
@@ -172,11 +183,14 @@ class DataParallelChannel(MessageChannel):
         return group
 
     async def _receive_from(self, group: int) -> None:
-        while True:
-            msg = await self._channels[group].recv()
-            passed = self._received(group, msg)
-            if passed is not None:
-                self._inbox_send.send_nowait(passed)
+        try:
+            while True:
+                msg = await self._channels[group].recv()
+                passed = self._received(group, msg)
+                if passed is not None:
+                    self._inbox_send.send_nowait(passed)
+        except Exception as exc:  # the engine's receive loop raises it, then everything stops
+            self._inbox_send.send_nowait(_Broken(exc))
 
     def _received(self, group: int, msg: object) -> object | None:
         """What the engine gets for `msg` from `group`: None until a combined answer is whole."""
