@@ -87,7 +87,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
             await state.engine.set_internal_state(req.server_args)
         except ValueError as exc:
             raise APIError(400, str(exc), param="server_args", code="invalid_value") from None
-        return jsonify([True])  # one per data-parallel rank, as SGLang answers
+        return jsonify([True] * len(state.engine.get_loads()))  # one per dp rank, as SGLang
 
     @app.get("/health_generate")
     async def health_generate() -> Response:

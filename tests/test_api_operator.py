@@ -94,6 +94,10 @@ async def test_set_internal_state(
     assert refused.status_code == 400 and "block_size" in error["message"]
     off = await client.post("/set_internal_state", json={"server_args": {"max_num_seqs": 2}})
     assert off.status_code == 404 and engine.max_num_seqs == 3
+    engine.data_parallel_size = 2
+    five = {"server_args": {"max_num_seqs": 5}}
+    response = await control.post("/set_internal_state", json=five, headers=AUTH)
+    assert await response.get_json() == [True, True]
 
 
 async def test_health_generate(engine: FakeEngine) -> None:
