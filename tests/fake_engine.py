@@ -256,7 +256,9 @@ class FakeEngine(EngineClient):
         await trio.lowlevel.checkpoint()
         if set(settings) - {"max_num_seqs", "max_running_requests"}:
             raise ValueError(f"cannot change {', '.join(sorted(settings))} while serving")
-        self.max_num_seqs = settings.get("max_num_seqs", settings.get("max_running_requests"))
+        value = settings.get("max_num_seqs", settings.get("max_running_requests"))
+        if value is not None:  # as the real engine: naming nothing changes nothing
+            self.max_num_seqs = value
 
     async def check_health(self) -> None:
         if not self.healthy:

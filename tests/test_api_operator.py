@@ -92,6 +92,8 @@ async def test_set_internal_state(
     refused = await control.post("/set_internal_state", json=body, headers=AUTH)
     error = (await refused.get_json())["error"]
     assert refused.status_code == 400 and "block_size" in error["message"]
+    nothing = await control.post("/set_internal_state", json={"server_args": {}}, headers=AUTH)
+    assert nothing.status_code == 200 and engine.max_num_seqs == 3
     off = await client.post("/set_internal_state", json={"server_args": {"max_num_seqs": 2}})
     assert off.status_code == 404 and engine.max_num_seqs == 3
     engine.data_parallel_size = 2
