@@ -208,6 +208,7 @@ def _time_split(stats: EngineStats) -> Iterator[Metric]:
         ("forward", w.forward_seconds),
         ("sample", w.sample_seconds),
         ("worker_idle", w.idle_seconds),
+        ("tensor_parallel_communicate", w.communicate_seconds),
         ("scheduler_wait", s.wait_seconds),
         ("dispatch", f.dispatch_seconds),
         ("detokenize", f.detokenize_seconds),

@@ -79,6 +79,7 @@ def summarize(batch: int, elapsed: float, a: EngineStats, b: EngineStats) -> dic
         "forward": per_step("worker", "forward_seconds"),
         "sample": per_step("worker", "sample_seconds"),
         "worker_idle": per_step("worker", "idle_seconds"),
+        "communicate": per_step("worker", "communicate_seconds"),
     }
 
 

@@ -46,7 +46,12 @@ def main() -> None:
     elif role == "worker":
         from runtime.worker.actor import WorkerActor
 
-        trio.run(WorkerActor(config, spec["progress"], spec["dp_rank"]).serve, spec["dial"])
+        worker = WorkerActor(config, spec["progress"], spec["dp_rank"], spec["tp_store"])
+        trio.run(worker.serve, spec["dial"])
+    elif role == "shard":  # a tensor-parallel rank > 0: no trio, no socket, only its group
+        from runtime.worker.shard_follower import follow
+
+        follow(config, spec["tp_rank"], spec["tp_store"])
     else:
         raise SystemExit(f"unknown actor role {role!r}")
 

@@ -126,6 +126,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_logprobs=args.max_logprobs,
         logprobs_mode=args.logprobs_mode,
         data_parallel_size=args.data_parallel_size,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
 
 

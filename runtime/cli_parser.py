@@ -39,6 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="scheduler+worker groups, each a full copy of the model (default 1)",
     )
+    serve.add_argument(
+        "--tensor-parallel-size",
+        "--tp-size",
+        type=int,
+        default=1,
+        help="ranks each worker splits the model over (gloo on CPU, NCCL on CUDA; default 1)",
+    )
     serve.add_argument("--no-prefix-caching", action="store_true")
     serve.add_argument(
         "--max-sessions", type=int, default=1024, help="sessions (open_session) open at once"

@@ -52,6 +52,9 @@ class EngineConfig:
             distribution each token was actually drawn from.
         data_parallel_size: scheduler+worker groups behind the one frontend, each with its
             own copy of the model and its own KV pool (`kv_cache_memory` is per group).
+        tensor_parallel_size: ranks each group's worker splits the model over (Megatron
+            style, over torch.distributed: gloo on CPU, NCCL on CUDA); `kv_cache_memory` and
+            `num_threads` are per rank.
     """
 
     model: str
@@ -72,6 +75,7 @@ class EngineConfig:
     max_logprobs: int = 20
     logprobs_mode: Literal["raw", "processed"] = "raw"
     data_parallel_size: int = 1
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in ("process", "inproc"):
@@ -85,6 +89,7 @@ class EngineConfig:
             "max_sessions",
             "max_n",
             "data_parallel_size",
+            "tensor_parallel_size",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -51,12 +51,13 @@ def sweep_stale(root: str = ROOT) -> list[str]:
 
 
 def _only_sockets(path: Path) -> bool:
-    """Ours: a folder (not a link) holding nothing but .ipc sockets."""
+    """Ours: a folder (not a link) holding nothing but .ipc sockets (and the .store file
+    where tensor-parallel ranks meet)."""
     try:
         return (
             path.is_dir()
             and not path.is_symlink()
-            and all(entry.suffix == ".ipc" for entry in path.iterdir())
+            and all(entry.suffix in (".ipc", ".store") for entry in path.iterdir())
         )
     except OSError:
         return False

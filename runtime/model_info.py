@@ -27,8 +27,10 @@ class ModelInfo:
     eos_token_ids: frozenset[int]
     dtype: torch.dtype
 
-    def kv_bytes_per_block(self, block_size: int) -> int:
-        per_token = 2 * self.num_layers * self.num_kv_heads * self.head_dim
+    def kv_bytes_per_block(self, block_size: int, num_kv_heads: int = 0) -> int:
+        """Of a block holding `num_kv_heads` heads (default: all, i.e. one rank's share
+        without tensor parallelism)."""
+        per_token = 2 * self.num_layers * (num_kv_heads or self.num_kv_heads) * self.head_dim
         return per_token * block_size * self.dtype.itemsize
 
 

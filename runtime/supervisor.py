@@ -17,6 +17,8 @@ import json
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -24,6 +26,9 @@ from runtime import ipc_dir
 from runtime.config import EngineConfig
 from runtime.tracing import actor_name
 from runtime.wire.transport import Channel, inproc_address, ipc_address
+
+if TYPE_CHECKING:  # never at run time: a process-mode parent must not load torch
+    from torch import distributed as dist
 
 
 class ActorDiedError(RuntimeError):
@@ -73,8 +78,29 @@ async def _start_tasks(
     frontend_address, worker_address = inproc_address("frontend"), inproc_address("worker")
     scheduler = SchedulerActor(config, eos_token_ids, dp_rank)
     await nursery.start(scheduler.serve, frontend_address, worker_address)  # can be dialed
-    nursery.start_soon(WorkerActor(config, progress, dp_rank).serve, worker_address)
+    store = _start_rank_threads(nursery, config) if config.tensor_parallel_size > 1 else None
+    nursery.start_soon(WorkerActor(config, progress, dp_rank, store).serve, worker_address)
     return frontend_address
+
+
+def _start_rank_threads(nursery: trio.Nursery, config: EngineConfig) -> dist.Store:
+    """Tensor-parallel ranks 1.. as threads, meeting rank 0 in a fresh in-memory store; a
+    rank's exception comes back through its thread and stops the engine."""
+    from torch import distributed as dist
+
+    from runtime.worker.shard_follower import follow
+
+    store = dist.HashStore()
+    for tp_rank in range(1, config.tensor_parallel_size):
+        # abandoned on cancel: a rank waiting for the next step must not stall shutdown
+        nursery.start_soon(
+            partial(trio.to_thread.run_sync, abandon_on_cancel=True),
+            follow,
+            config,
+            tp_rank,
+            store,
+        )
+    return store
 
 
 async def _start_processes(
@@ -89,6 +115,7 @@ async def _start_processes(
     nursery.start_soon(_remove_on_exit, directory)
     frontend_address = ipc_address(directory, "frontend")
     worker_address = ipc_address(directory, "worker")
+    store = f"{directory}/tp.store"  # a FileStore: tensor-parallel ranks meet there
     spec: dict[str, object] = {
         "config": config.to_dict(),
         "eos_token_ids": sorted(eos_token_ids),
@@ -109,10 +136,14 @@ async def _start_processes(
             nursery,
             "worker",
             worker,
-            spec | {"dial": worker_address, "progress": progress},
+            spec | {"dial": worker_address, "progress": progress, "tp_store": store},
             on_death,
         ),
     }
+    for tp_rank in range(1, config.tensor_parallel_size):  # they meet rank 0 in the store
+        name = f"{worker}-tp{tp_rank}"
+        shard_spec = spec | {"tp_rank": tp_rank, "tp_store": store}
+        processes[name] = await _spawn(nursery, "shard", name, shard_spec, on_death)
     return frontend_address, processes
 
 

@@ -28,11 +28,13 @@ from runtime.wire.messages import (
     Resume,
     ResumeMemory,
     SchedulerStats,
+    ShardStep,
     StartProfile,
     StepOutputs,
     StepPlan,
     StepResult,
     StopProfile,
+    StopShards,
     Submit,
     UpdateWeights,
     UpdateWeightsFromFile,
@@ -57,7 +59,7 @@ PARAMS = SamplingParams(
     stop=("END",),
 )
 STATS = SchedulerStats(1, 2, 3, 4, 5, 6, 7, 8, 9, 0.1, 0.2, 0.3, 10, 11, 12)
-WORKER_STATS = WorkerStats(9, 0.1, 0.2, 0.3, 0.4)
+WORKER_STATS = WorkerStats(9, 0.1, 0.2, 0.3, 0.4, 0.05)
 EXAMPLES = [
     PARAMS,
     AddRequest("r1", (1, 2, 3), 7, PARAMS),
@@ -73,7 +75,7 @@ EXAMPLES = [
     Rejected("r1", "a reason"),
     WORKER_STATS,
     StepResult(9, (1, 2), (10, 11), (-0.5, -1.0), WORKER_STATS),
-    EngineReady(2048, 2, WorkerReady(100, "float32", 4, 32000)),
+    EngineReady(2048, 2, WorkerReady(100, "float32", 4, 32000, 2)),
     STATS,
     StepOutputs(("a", "b"), (1, 2), (-0.1, -0.2), (None, "stop"), (0, 16), STATS, WORKER_STATS),
     StepResult(3, (1, 2), (10, 11), (-0.5, -1.0), WORKER_STATS, (LOGPROBS, None), (None, LOGPROBS)),
@@ -117,6 +119,8 @@ EXAMPLES = [
     ReleaseMemory(11, ("kv_cache", "weights")),
     ResumeMemory(12, ("weights",)),
     ControlDone(5, ""),
+    ShardStep(StepPlan(9, (), (1,), (1,), (), (), (), False), (1, 2), (7, 8), (0, 3)),
+    StopShards(),
     ControlDone(6, "the engine is already paused"),
 ]
 

@@ -221,6 +221,7 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
             w = self.ready.worker
             settings |= {"num_kv_blocks": w.num_kv_blocks, "dtype": w.dtype,
                          "num_threads": w.num_threads,
+                         "tensor_parallel_size": w.tensor_parallel_size,
                          "max_steps_in_flight": self.ready.max_steps_in_flight}  # fmt: skip
         return settings
 

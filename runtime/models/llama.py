@@ -14,7 +14,19 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from runtime.layers.attention import AttentionMetadata, paged_attention
-from runtime.layers.basic import FusedLinear, GatedMLP, Linear, RMSNorm
+from runtime.layers.basic import RMSNorm
+from runtime.layers.parallel import (
+    SINGLE,
+    ColumnParallelLinear,
+    GatedMLP,
+    ParallelLMHead,
+    Part,
+    RowParallelLinear,
+    TPGroup,
+    VocabParallelEmbedding,
+    divide,
+    kv_heads_per_rank,
+)
 from runtime.layers.rotary import Rope, RotaryEmbedding, apply_rope_
 
 
@@ -56,19 +68,25 @@ class ModelArgs:
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    """Each tensor-parallel rank computes its share of the query heads and of the KV heads
+    (or one replicated KV head, when there are fewer than ranks), and keeps that KV shard."""
+
+    def __init__(self, args: ModelArgs, tp: TPGroup) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            args.num_heads,
-            args.num_kv_heads,
-            args.head_dim,
-        )
-        q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
-        self.qkv_proj = FusedLinear(args.hidden_size, [q_size, kv_size, kv_size], args.qkv_bias)
-        self.o_proj = Linear(q_size, args.hidden_size, bias=args.o_bias)
-        self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
-        self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
-        self.scale = args.head_dim**-0.5
+        self.num_heads = divide(args.num_heads, tp.size, "num_attention_heads")
+        self.num_kv_heads = kv_heads_per_rank(args.num_kv_heads, tp.size)
+        self.head_dim = d = args.head_dim
+        q = Part.split(args.num_heads * d, tp, "num_attention_heads")
+        if self.num_kv_heads * tp.size == args.num_kv_heads:
+            kv = Part.split(args.num_kv_heads * d, tp, "num_key_value_heads")
+        else:  # replicated: rank r serves the KV head its query heads belong to
+            head = tp.rank * args.num_kv_heads // tp.size
+            kv = Part(args.num_kv_heads * d, head * d, d)
+        self.qkv_proj = ColumnParallelLinear(args.hidden_size, [q, kv, kv], args.qkv_bias)
+        self.o_proj = RowParallelLinear(args.num_heads * d, args.hidden_size, args.o_bias, tp)
+        self.q_norm = RMSNorm(d, args.rms_norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(d, args.rms_norm_eps) if args.qk_norm else None
+        self.scale = d**-0.5
 
     def forward(
         self,
@@ -88,12 +106,12 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, tp: TPGroup) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.self_attn = Attention(args)
+        self.self_attn = Attention(args, tp)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, args.mlp_bias)
+        self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, args.mlp_bias, tp)
 
     def forward(
         self, x: torch.Tensor, rope: Rope, kv_cache: torch.Tensor, meta: AttentionMetadata
@@ -103,10 +121,10 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, tp: TPGroup) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self.embed_tokens = VocabParallelEmbedding(args.vocab_size, args.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(args, tp) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
@@ -122,12 +140,14 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, args: ModelArgs, config: PretrainedConfig, max_len: int) -> None:
+    def __init__(
+        self, args: ModelArgs, config: PretrainedConfig, max_len: int, tp: TPGroup = SINGLE
+    ) -> None:
         super().__init__()
         self.args = args
         self.rotary = RotaryEmbedding(config, args.head_dim, max_len)
-        self.model = LlamaModel(args)
-        self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.model = LlamaModel(args, tp)
+        self.lm_head = ParallelLMHead(args.hidden_size, args.vocab_size, tp)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -138,10 +158,10 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: torch.Tensor,  # [layers, 2, kv_heads, blocks, block_size, head_dim]
         meta: AttentionMetadata,
         logit_rows: torch.Tensor,  # rows whose next-token logits are wanted
-    ) -> torch.Tensor:  # [len(logit_rows), vocab]
+    ) -> torch.Tensor | None:  # [len(logit_rows), vocab] on tensor-parallel rank 0
         x = self.model.embed_tokens(input_ids)
         rope = self.rotary.lookup(positions, x.dtype)
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             x = layer(x, rope, kv_cache, meta)
         x = self.model.norm(x[logit_rows])  # norm is per row: skip rows nobody samples
-        return self.lm_head(x).float()
+        return self.lm_head.logits(x)

@@ -4,7 +4,7 @@ Hot messages (`StepPlan`, `StepResult`, `StepOutputs`) are columnar: one tuple p
 entry per sequence, so a step costs one message per direction whatever the batch size.
 
 Tags are part of the protocol between processes: never reuse or renumber one. Retired: 13.
-Next free: 50.
+Next free: 52.
 """
 
 from __future__ import annotations
@@ -104,6 +104,7 @@ class WorkerReady:
     dtype: str  # the torch dtype of weights and KV cache, e.g. "bfloat16"
     num_threads: int  # torch intra-op threads
     vocab_size: int  # token ids the model can embed: the scheduler refuses others
+    tensor_parallel_size: int = 1  # ranks the model is split over, all of them started
 
 
 @message(49)
@@ -340,3 +341,24 @@ class ControlDone:
 
     nonce: int
     error: str
+
+
+# Tensor-parallel rank 0 → the other ranks of its model, broadcast over their process group
+# (runtime/worker/shard_link.py), never over nng.
+
+
+@message(50)
+class ShardStep:
+    """One step for the other tensor-parallel ranks: the plan rank 0 received, the tokens
+    rank 0 sampled in the step before (the others do not sample, so their tables learn them
+    here), and the rows whose logits rank 0 wants gathered."""
+
+    plan: StepPlan
+    sampled_seq_ids: tuple[int, ...]
+    sampled_token_ids: tuple[int, ...]
+    logit_rows: tuple[int, ...]
+
+
+@message(51)
+class StopShards:
+    """The other tensor-parallel ranks exit: rank 0 is stopping."""

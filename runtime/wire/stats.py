@@ -20,6 +20,9 @@ class WorkerStats:
     idle_seconds: float = 0.0
     """Waiting for a plan that was queued behind the previous step (so could have been there);
     what messaging and the scheduler cost the worker."""
+    communicate_seconds: float = 0.0
+    """Tensor parallelism: in collectives with the other ranks (rank 0's view; inside the
+    forward's and preparation's time, not in addition to it)."""
 
 
 @message(21)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 
 import trio
+from torch import distributed as dist
 
 from runtime.config import EngineConfig
 from runtime.tracing import actor_name
@@ -26,6 +27,7 @@ from runtime.wire.messages import (
     StepPlan,
     StepResult,
     StopProfile,
+    StopShards,
     UpdateWeights,
     UpdateWeightsFromFile,
     UpdateWeightsFromGroup,
@@ -34,9 +36,10 @@ from runtime.wire.messages import (
     WorkerStats,
 )
 from runtime.wire.transport import Channel, MessageChannel
-from runtime.worker import weight_group
+from runtime.worker import tp_group, weight_group
 from runtime.worker.model_runner import ModelRunner, StepOutcome
 from runtime.worker.profiler import WorkerProfiler
+from runtime.worker.shard_follower import build_rank
 from runtime.worker.weight_group import WeightGroup
 
 
@@ -49,10 +52,27 @@ def return_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+# Changing weights or memory on every rank at once (two-phase, so that no rank serves other
+# weights than the rest) is not built yet; refusing is better than diverging.
+NOT_WITH_TP = (
+    "not available with --tensor-parallel-size > 1 yet (weights and memory stay as loaded)"
+)
+
+
 class WorkerActor:
-    def __init__(self, config: EngineConfig, progress: bool = False, dp_rank: int = 0) -> None:
+    """Tensor-parallel rank 0 of its group's model (the whole model without tensor
+    parallelism); the other ranks (`shard_follower`) meet it in the store `tp_store`."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        progress: bool = False,
+        dp_rank: int = 0,
+        tp_store: dist.Store | str | None = None,
+    ) -> None:
         self.config = config
         self.progress = progress
+        self.tp_store = tp_store
         self.name = actor_name("worker", dp_rank, config.data_parallel_size)
         # In its own process the worker has nothing else to do while the model runs, so it
         # runs it inline; sharing a trio loop with other actors, it runs it in one thread.
@@ -82,9 +102,7 @@ class WorkerActor:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Load the model, report `WorkerReady`, then serve steps until cancelled."""
-        runner = await trio.to_thread.run_sync(
-            ModelRunner, self.config, self.progress, limiter=self._torch_thread
-        )
+        runner = await trio.to_thread.run_sync(self._build_runner, limiter=self._torch_thread)
         gc.collect()
         gc.freeze()  # the model's objects live forever: keep them out of every GC pass
         ready = WorkerReady(
@@ -92,6 +110,7 @@ class WorkerActor:
             dtype=runner.dtype,
             num_threads=runner.num_threads,
             vocab_size=runner.info.vocab_size,
+            tensor_parallel_size=runner.tp.size,
         )
         await scheduler.send(ready)
         task_status.started()
@@ -102,6 +121,26 @@ class WorkerActor:
                 for group in self._groups.values():
                     if group is not None:
                         weight_group.leave(group)
+                self._stop_other_ranks(runner)
+
+    def _build_runner(self) -> ModelRunner:
+        size = self.config.tensor_parallel_size
+        if size == 1:
+            return ModelRunner(self.config, self.progress)
+        assert self.tp_store is not None, "tensor parallelism needs a store to meet in"
+        store = self.tp_store
+        if isinstance(store, str):
+            store = tp_group.make_store(store, size)
+        device = tp_group.rank_device(self.config.device, 0)
+        group = tp_group.join(0, size, store, device)
+        return build_rank(self.config, group, device, self.progress)
+
+    @staticmethod
+    def _stop_other_ranks(runner: ModelRunner) -> None:
+        if runner.tp.size > 1:
+            with contextlib.suppress(RuntimeError):  # gone already: they stop by themselves
+                tp_group.send_message(runner.tp, StopShards())
+            tp_group.leave(runner.tp)
 
     async def _serve_steps(
         self, runner: ModelRunner, scheduler: MessageChannel, nursery: trio.Nursery
@@ -116,7 +155,7 @@ class WorkerActor:
                     # previous step, i.e. it could have been here; else the engine had no work
                     idle = time.perf_counter() - finished if msg.queued else 0.0
                     outcome = await self._execute(runner, msg)
-                    self._count(outcome, idle)
+                    self._count(outcome, idle, runner.tp.communicate_seconds)
                     profiler.step_done()
                     await scheduler.send(
                         StepResult(
@@ -132,6 +171,15 @@ class WorkerActor:
                     finished = time.perf_counter()
                 case Ping(nonce=nonce):
                     await scheduler.send(Pong(nonce, None, self.statistics()))
+                case (
+                    ReleaseMemory()
+                    | ResumeMemory()
+                    | UpdateWeights()
+                    | UpdateWeightsFromFile()
+                    | JoinWeightGroup()
+                    | UpdateWeightsFromGroup()
+                ) if runner.tp.size > 1:
+                    await scheduler.send(ControlDone(msg.nonce, NOT_WITH_TP))
                 case StartProfile(nonce=nonce, request=request):
                     await scheduler.send(ControlDone(nonce, profiler.start(request)))
                 case StopProfile(nonce=nonce):
@@ -260,7 +308,7 @@ class WorkerActor:
             return runner.execute(plan)
         return await trio.to_thread.run_sync(runner.execute, plan, limiter=self._torch_thread)
 
-    def _count(self, outcome: StepOutcome, idle: float) -> None:
+    def _count(self, outcome: StepOutcome, idle: float, communicated: float) -> None:
         s = self._stats
         self._stats = WorkerStats(
             num_steps=s.num_steps + 1,
@@ -268,4 +316,5 @@ class WorkerActor:
             forward_seconds=s.forward_seconds + outcome.forward_seconds,
             sample_seconds=s.sample_seconds + outcome.sample_seconds,
             idle_seconds=s.idle_seconds + idle,
+            communicate_seconds=communicated,
         )

@@ -9,16 +9,17 @@ naming the tensor, so a wrong or truncated checkpoint never serves garbage.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
-from runtime.layers.basic import FusedLinear
+from runtime.layers.parallel import ColumnParallelLinear, Slot, whole
 
 # Buffers some checkpoints carry that we recompute ourselves.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -39,11 +40,13 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_slices(files: list[Path]) -> Iterator[tuple[str, Any]]:
+    """Every tensor of the checkpoint as a lazy safetensors slice: only what is taken from it
+    is read (a tensor-parallel rank reads its share)."""
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                yield name, f.get_tensor(name)
+                yield name, f.get_slice(name)
 
 
 def count_tensors(files: list[Path]) -> int:
@@ -62,29 +65,27 @@ def load_weights(model: nn.Module, model_dir: str | Path, progress: bool = False
     tied = getattr(getattr(model, "args", None), "tie_word_embeddings", False)
     wanted = _wanted(model) - {("lm_head.weight", None)} if tied else _wanted(model)
     loaded: set[tuple[str, int | None]] = set()
-    tensors = iter_tensors(files)
+    tensors = iter_slices(files)
     if progress:
         tensors = tqdm(tensors, total=count_tensors(files), desc="Loading weights", unit="tensor")
     with torch.no_grad():
-        for name, tensor in tensors:
+        for name, source in tensors:
             if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
                 continue
             target, shard = _map_name(name, packed)
             if target not in params:
                 raise CheckpointError(f"checkpoint tensor {name!r} has no place in the model")
-            dest = params[target].data
-            if shard is not None:
-                dest = _owner(model, target).shard(dest, shard)
-            if not tensor.is_floating_point():
-                raise CheckpointError(f"{name}: dtype {tensor.dtype} is not a floating point type")
-            if dest.shape != tensor.shape:
+            slot = _slot(model, target, shard)
+            if not source.get_dtype().startswith(("F", "BF")):
+                raise CheckpointError(f"{name}: dtype {source.get_dtype()} is not floating point")
+            if tuple(source.get_shape()) != slot.full_shape:
                 raise CheckpointError(
-                    f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape "
-                    f"{tuple(dest.shape)}"
+                    f"{name}: checkpoint shape {tuple(source.get_shape())} != model shape "
+                    f"{slot.full_shape}"
                 )
             if (target, shard) in loaded:
                 raise CheckpointError(f"checkpoint tensor {name!r} appears twice")
-            dest.copy_(tensor)
+            slot.dest.copy_(slot.take(source))
             loaded.add((target, shard))
     missing = wanted - loaded
     if missing:
@@ -97,36 +98,36 @@ def install_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]
     update, as a trainer pushes them. Every tensor is checked (a known name, once, its exact
     shape, a floating dtype) before any is copied, so on a `CheckpointError` nothing changed.
     Returns how many were installed."""
-    plan: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+    plan: list[tuple[str, Slot, torch.Tensor]] = []
     for name, tensor in tensors:
-        dest = check_tensor(model, name, tensor.shape, tensor.dtype)
-        if dest is not None:
-            plan.append((name, dest, tensor))
-    check_disjoint([(name, dest) for name, dest, _ in plan])
+        slot = check_tensor(model, name, tensor.shape, tensor.dtype)
+        if slot is not None:
+            plan.append((name, slot, tensor))
+    check_disjoint([(name, slot.dest) for name, slot, _ in plan])
     with torch.no_grad():
-        for _, dest, tensor in plan:
-            dest.copy_(tensor)
+        for _, slot, tensor in plan:
+            slot.dest.copy_(slot.take(tensor))
     return len(plan)
 
 
 def check_tensor(
     model: nn.Module, name: str, shape: Sequence[int], dtype: torch.dtype
-) -> torch.Tensor | None:
-    """The model's tensor that `name` updates, if a tensor of `shape` and `dtype` fits it (None
+) -> Slot | None:
+    """Where `name` updates the model, if a tensor of `shape` and `dtype` fits it (None
     for what checkpoints carry and we ignore: a tied LM head, rotary buffers); else a
     `CheckpointError` naming what does not fit."""
     tied = getattr(getattr(model, "args", None), "tie_word_embeddings", False)
     if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
         return None
     try:
-        dest = find_parameter(model, name)
+        slot = find_slot(model, name)
     except KeyError:
         raise CheckpointError(f"tensor {name!r} has no place in the model") from None
     if not dtype.is_floating_point:
         raise CheckpointError(f"{name}: dtype {dtype} is not a floating point type")
-    if tuple(dest.shape) != tuple(shape):
-        raise CheckpointError(f"{name}: shape {tuple(shape)} != model shape {tuple(dest.shape)}")
-    return dest
+    if slot.full_shape != tuple(shape):
+        raise CheckpointError(f"{name}: shape {tuple(shape)} != model shape {slot.full_shape}")
+    return slot
 
 
 def check_disjoint(targets: list[tuple[str, torch.Tensor]]) -> None:
@@ -141,17 +142,28 @@ def check_disjoint(targets: list[tuple[str, torch.Tensor]]) -> None:
             raise CheckpointError(f"tensors {first!r} and {second!r} update the same weights")
 
 
-def find_parameter(model: nn.Module, name: str) -> torch.Tensor:
-    """A parameter by its checkpoint name (a slice of a fused one) or by ours; KeyError if
-    the model has none."""
+def find_slot(model: nn.Module, name: str) -> Slot:
+    """Where a parameter, by its checkpoint name (a part of a fused one) or by ours, lives on
+    this rank; KeyError if the model has none."""
     params = dict(model.named_parameters())
-    if name in params:
-        return params[name].data
-    target, shard = _map_name(name, getattr(model, "packed_modules", {}))
+    target, shard = (name, None) if name in params else _map_name(name, _packed(model))
     if target not in params:
         raise KeyError(f"the model has no parameter {name!r}")
-    tensor = params[target].data
-    return tensor if shard is None else _owner(model, target).shard(tensor, shard)
+    return _slot(model, target, shard)
+
+
+def _slot(model: nn.Module, target: str, shard: int | None) -> Slot:
+    """A sharded layer says where a rank's share goes; any other parameter is whole."""
+    module_name, _, param = target.rpartition(".")
+    module = model.get_submodule(module_name)
+    slot: Callable[[str, int | None], Slot] | None = getattr(module, "slot", None)
+    if slot is not None:
+        return slot(param, shard)
+    return whole(getattr(module, param).data)
+
+
+def _packed(model: nn.Module) -> dict[str, tuple[str, int]]:
+    return getattr(model, "packed_modules", {})
 
 
 def _map_name(name: str, packed: dict[str, tuple[str, int]]) -> tuple[str, int | None]:
@@ -163,20 +175,14 @@ def _map_name(name: str, packed: dict[str, tuple[str, int]]) -> tuple[str, int |
     return name, None
 
 
-def _owner(model: nn.Module, param_name: str) -> FusedLinear:
-    module = model.get_submodule(param_name.rsplit(".", 1)[0])
-    assert isinstance(module, FusedLinear), param_name
-    return module
-
-
 def _wanted(model: nn.Module) -> set[tuple[str, int | None]]:
     """Every (parameter, shard) the checkpoint must fill."""
     wanted: set[tuple[str, int | None]] = set()
     for module_name, module in model.named_modules():
         for param_name, _ in module.named_parameters(recurse=False):
             name = f"{module_name}.{param_name}" if module_name else param_name
-            if isinstance(module, FusedLinear):
-                wanted.update((name, i) for i in range(len(module.shard_sizes)))
+            if isinstance(module, ColumnParallelLinear):
+                wanted.update((name, i) for i in range(len(module.parts)))
             else:
                 wanted.add((name, None))
     return wanted

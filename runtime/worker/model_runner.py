@@ -16,16 +16,17 @@ from safetensors import safe_open
 
 from runtime.config import EngineConfig
 from runtime.layers.basic import pack_linears_for_cpu
+from runtime.layers.parallel import SINGLE, TPGroup, kv_heads_per_rank
 from runtime.model_info import load_model_info, resolve_max_model_len
 from runtime.models import MODELS
 from runtime.models.llama import ModelArgs
-from runtime.wire.messages import Logprobs, StepPlan
+from runtime.wire.messages import Logprobs, ShardStep, StepPlan
 from runtime.worker.batch_inputs import InputBuilder
 from runtime.worker.loader import (
     CheckpointError,
     check_disjoint,
     check_tensor,
-    find_parameter,
+    find_slot,
     install_tensors,
     load_weights,
 )
@@ -33,6 +34,7 @@ from runtime.worker.logits_processors import LogitsProcessors
 from runtime.worker.logprobs import PromptLogprobs, top_logprobs
 from runtime.worker.sampler import SamplingBatch, choose, sample
 from runtime.worker.seq_table import SeqTable, WorkerSeq
+from runtime.worker.tp_group import send_message
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,24 +59,37 @@ def default_num_threads(num_workers: int = 1) -> int:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, progress: bool = False) -> None:
-        torch.set_num_threads(config.num_threads or default_num_threads(config.data_parallel_size))
+    """One tensor-parallel rank's share of the model (all of it without tensor parallelism).
+    Rank 0 samples and tells the other ranks each step (`ShardStep`); they `follow` it."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        progress: bool = False,
+        tp: TPGroup = SINGLE,
+        device: torch.device | None = None,
+    ) -> None:
+        workers = config.data_parallel_size * config.tensor_parallel_size
+        torch.set_num_threads(config.num_threads or default_num_threads(workers))
         self.num_threads = torch.get_num_threads()
         self.config = config
+        self.tp = tp
         self.info = load_model_info(config)
         self.max_model_len = resolve_max_model_len(config, self.info)
-        self.device = torch.device(config.device)
+        self.device = device or torch.device(config.device)
         self.block_size = config.block_size
         args = self.args = ModelArgs.from_hf(self.info.hf_config, self.info.architecture)
         self.model_path = config.model  # where the served weights came from
         self.model: torch.nn.Module | None = self._build_model(config.model, progress)
+        self.num_kv_heads = kv_heads_per_rank(args.num_kv_heads, tp.size)  # this rank's
         self.num_blocks = self._num_kv_blocks()
-        self.num_kv_heads = args.num_kv_heads
+        # what rank 0 sampled in its latest step, for the other ranks' tables
+        self._sampled: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
         # [layer, K/V, kv_head, block, offset, head_dim]: see runtime/layers/attention.py
         cache_shape = (
             args.num_layers,
             2,
-            args.num_kv_heads,
+            self.num_kv_heads,
             self.num_blocks,
             self.block_size,
             args.head_dim,
@@ -89,7 +104,7 @@ class ModelRunner:
         self.inputs = InputBuilder(
             self.device,
             config.block_size,
-            args.num_kv_heads,
+            self.num_kv_heads,
             self.num_blocks,
             self.info,
             self.prompt_logprobs,
@@ -123,7 +138,8 @@ class ModelRunner:
 
     def _build_model(self, model_dir: str, progress: bool = False) -> torch.nn.Module:
         """Our model, shaped as the served one, with the checkpoint's weights (strictly)."""
-        model = MODELS[self.info.architecture](self.args, self.info.hf_config, self.max_model_len)
+        architecture = MODELS[self.info.architecture]
+        model = architecture(self.args, self.info.hf_config, self.max_model_len, self.tp)
         model.to(device=self.device, dtype=self.info.dtype)
         load_weights(model, model_dir, progress=progress)
         if self.device.type == "cpu":
@@ -168,10 +184,10 @@ class ModelRunner:
         if self.model is None:
             return "the weights are released: resume_memory_occupation first"
         try:
-            dests = [
+            slots = [
                 (name, check_tensor(self.model, name, shape, dtype)) for name, dtype, shape in specs
             ]
-            check_disjoint([(name, dest) for name, dest in dests if dest is not None])
+            check_disjoint([(name, slot.dest) for name, slot in slots if slot is not None])
         except CheckpointError as exc:
             return str(exc)
         return ""
@@ -181,13 +197,15 @@ class ModelRunner:
         try:
             if self.model is None:
                 raise KeyError("the weights are released (resume_memory_occupation first)")
-            tensor = find_parameter(self.model, name)
+            if self.tp.size > 1:  # rank 0 holds a share only
+                raise KeyError("get_weights_by_name is not available with tensor parallelism")
+            tensor = find_slot(self.model, name).dest
         except KeyError as exc:
             return str(exc.args[0]), ()
         return "", tuple(tensor.flatten()[:count].float().tolist())
 
     def _num_kv_blocks(self) -> int:
-        per_block = self.info.kv_bytes_per_block(self.block_size)
+        per_block = self.info.kv_bytes_per_block(self.block_size, self.num_kv_heads)
         blocks = self.config.num_kv_blocks or self.config.kv_cache_memory // per_block
         if blocks * self.block_size < self.max_model_len:
             needed = -(-self.max_model_len // self.block_size) * per_block
@@ -208,11 +226,15 @@ class ModelRunner:
         start = time.perf_counter()
         seqs = self._apply(plan)
         inputs = self.inputs.build(plan, seqs)
+        if self.tp.size > 1:
+            rows = tuple(inputs.logit_rows.tolist())
+            send_message(self.tp, ShardStep(plan, *self._sampled, rows))
         prepared = time.perf_counter()
         assert self.model is not None, "a step while the weights are released"
         logits = self.model(
             inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, inputs.logit_rows
         )
+        assert logits is not None, "tensor-parallel rank 0 gets the logits"
         self._synchronize()
         forwarded = time.perf_counter()
         num_sampled = len(inputs.sampled)
@@ -233,9 +255,11 @@ class ModelRunner:
         sampled_at = dict(zip(inputs.sampled, token_ids, strict=True))
         for i, (seq, n) in enumerate(zip(seqs, plan.num_tokens, strict=True)):
             SeqTable.commit(seq, n, sampled_at.get(i))
+        sampled_ids = tuple(plan.seq_ids[i] for i in inputs.sampled)
+        self._sampled = (sampled_ids, tuple(token_ids))
         done = time.perf_counter()
         return StepOutcome(
-            seq_ids=tuple(plan.seq_ids[i] for i in inputs.sampled),
+            seq_ids=sampled_ids,
             token_ids=tuple(token_ids),
             logprobs=tuple(logprobs),
             prepare_seconds=prepared - start,
@@ -244,6 +268,20 @@ class ModelRunner:
             top=top,
             prompt=prompt,
         )
+
+    @torch.inference_mode()
+    def follow(self, step: ShardStep) -> None:
+        """A rank other than 0: the same step as rank 0, on this rank's share of the model
+        (its table learns the tokens rank 0 sampled last; it samples nothing itself)."""
+        for seq_id, token_id in zip(step.sampled_seq_ids, step.sampled_token_ids, strict=True):
+            self.table.seqs[seq_id].token_ids.append(token_id)
+        seqs = self.table.apply(step.plan)
+        inputs = self.inputs.build(step.plan, seqs)
+        rows = torch.tensor(step.logit_rows, dtype=torch.long, device=self.device)
+        assert self.model is not None, "a step while the weights are released"
+        self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, rows)
+        for seq, n in zip(seqs, step.plan.num_tokens, strict=True):
+            SeqTable.commit(seq, n, None)
 
     def _apply(self, plan: StepPlan) -> list[WorkerSeq]:
         """The table brought up to date, and the per-sequence state of what requests asked."""

@@ -1,0 +1,68 @@
+"""A tensor-parallel rank other than 0: its share of the model, and a loop that runs every
+step rank 0 broadcasts. It has no socket and no trio loop: rank 0 (the worker actor) is its
+only link to the engine, and the supervisor runs it as a thread (inproc) or a child process.
+
+It dies loudly: a failure to start names the rank and the cause; a broken group (rank 0 gone)
+ends it with `TPGroupError`; `StopShards` ends it cleanly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import distributed as dist
+
+from runtime.config import EngineConfig
+from runtime.layers.parallel import TPGroup
+from runtime.wire.codec import WireError
+from runtime.wire.messages import ShardStep, StopShards
+from runtime.worker import tp_group
+from runtime.worker.model_runner import ModelRunner
+
+
+class RankStartError(RuntimeError):
+    """A tensor-parallel rank could not build its share of the model."""
+
+
+def follow(config: EngineConfig, tp_rank: int, store: dist.Store | str) -> None:
+    """Join the group as `tp_rank`, build this rank's share, then follow rank 0 until it
+    stops."""
+    if isinstance(store, str):
+        store = tp_group.make_store(store, config.tensor_parallel_size)
+    device = tp_group.rank_device(config.device, tp_rank)
+    group = tp_group.join(tp_rank, config.tensor_parallel_size, store, device)
+    try:
+        runner = build_rank(config, group, device)
+        while True:
+            msg = tp_group.receive_message(group)
+            match msg:
+                case ShardStep():
+                    runner.follow(msg)
+                case StopShards():
+                    return
+                case _:
+                    raise WireError(f"rank {tp_rank} got an unexpected {type(msg).__name__}")
+    finally:
+        tp_group.leave(group)
+
+
+def build_rank(
+    config: EngineConfig, group: TPGroup, device: torch.device, progress: bool = False
+) -> ModelRunner:
+    """This rank's runner, once every rank has built its own: a rank that cannot start
+    stops the engine at startup, not at its first step. Every rank takes part in the roll
+    call, failed or not, and a failed rank leaves its cause in the store, so that every rank
+    (rank 0 included, whose error is the one the engine reports) raises the first cause."""
+    failure = ""
+    try:
+        runner = ModelRunner(config, progress, group, device)
+    except Exception as exc:
+        failure = f"tensor-parallel rank {group.rank} ({device}) could not start: "
+        failure += f"{type(exc).__name__}: {exc}"
+        group.store.set(f"start-error-{group.rank}", failure)  # for rank 0 to name it
+    failed = torch.zeros(group.size, device=group.device)
+    failed[group.rank] = bool(failure)
+    group.all_reduce_(failed, tp_group.JOIN_TIMEOUT)
+    if failed.any():
+        ranks = failed.nonzero().flatten().tolist()
+        raise RankStartError(failure or group.store.get(f"start-error-{ranks[0]}").decode())
+    return runner
