@@ -54,7 +54,9 @@ async def start_actors(
     processes: dict[str, trio.Process] = {}
     for dp_rank in range(config.data_parallel_size):
         if config.mode == "inproc":
-            address = await _start_tasks(nursery, config, eos_token_ids, progress, dp_rank)
+            address = await _start_tasks(
+                nursery, config, eos_token_ids, progress, on_death, dp_rank
+            )
         else:
             address, spawned = await _start_processes(
                 nursery, config, eos_token_ids, progress, on_death, dp_rank
@@ -69,6 +71,7 @@ async def _start_tasks(
     config: EngineConfig,
     eos_token_ids: frozenset[int],
     progress: bool,
+    on_death: OnDeath,
     dp_rank: int,
 ) -> str:
     # imported here: a process-mode parent only spawns the actors, never imports them
@@ -78,12 +81,34 @@ async def _start_tasks(
     frontend_address, worker_address = inproc_address("frontend"), inproc_address("worker")
     scheduler = SchedulerActor(config, eos_token_ids, dp_rank)
     await nursery.start(scheduler.serve, frontend_address, worker_address)  # can be dialed
-    store = _start_rank_threads(nursery, config) if config.tensor_parallel_size > 1 else None
-    nursery.start_soon(WorkerActor(config, progress, dp_rank, store).serve, worker_address)
+    store = (
+        _start_rank_threads(nursery, config, on_death, dp_rank)
+        if config.tensor_parallel_size > 1
+        else None
+    )
+    worker = WorkerActor(config, progress, dp_rank, store)
+    nursery.start_soon(_reporting, worker.name, on_death, worker.serve, worker_address)
     return frontend_address
 
 
-def _start_rank_threads(nursery: trio.Nursery, config: EngineConfig) -> dist.Store:
+async def _reporting(name: str, on_death: OnDeath, run: Callable[..., Awaitable[object]],
+                     *args: object) -> None:  # fmt: skip
+    """Run an actor task; if it fails, report it as a dead actor (its requests end with the
+    error, as when a process dies) before the failure cancels the engine."""
+    try:
+        await run(*args)
+    except Exception as exc:
+        cause: BaseException = exc
+        while isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:
+            cause = cause.exceptions[0]  # what the actor's own nurseries wrapped
+        error = ActorDiedError(f"the {name} actor failed: {type(cause).__name__}: {cause}")
+        await on_death(error)
+        raise error from exc
+
+
+def _start_rank_threads(
+    nursery: trio.Nursery, config: EngineConfig, on_death: OnDeath, dp_rank: int
+) -> dist.Store:
     """Tensor-parallel ranks 1.. as threads, meeting rank 0 in a fresh in-memory store; a
     rank's exception comes back through its thread and stops the engine."""
     from torch import distributed as dist
@@ -93,13 +118,9 @@ def _start_rank_threads(nursery: trio.Nursery, config: EngineConfig) -> dist.Sto
     store = dist.HashStore()
     for tp_rank in range(1, config.tensor_parallel_size):
         # abandoned on cancel: a rank waiting for the next step must not stall shutdown
-        nursery.start_soon(
-            partial(trio.to_thread.run_sync, abandon_on_cancel=True),
-            follow,
-            config,
-            tp_rank,
-            store,
-        )
+        in_thread = partial(trio.to_thread.run_sync, abandon_on_cancel=True)
+        name = f"{actor_name('worker', dp_rank, config.data_parallel_size)}-tp{tp_rank}"
+        nursery.start_soon(_reporting, name, on_death, in_thread, follow, config, tp_rank, store)
     return store
 
 

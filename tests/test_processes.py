@@ -25,7 +25,8 @@ from runtime.config import EngineConfig
 from runtime.frontend.launch import open_engine
 
 async def main():
-    async with open_engine(EngineConfig(model=sys.argv[1], mode="process")) as engine:
+    config = EngineConfig(model=sys.argv[1], mode="process", tensor_parallel_size=int(sys.argv[2]))
+    async with open_engine(config) as engine:
         print(*(p.pid for p in engine.processes.values()), flush=True)
         await trio.sleep_forever()
 
@@ -45,8 +46,9 @@ async def wait_for_exit(pid: int) -> None:
         os.close(fd)
 
 
-async def test_children_die_when_the_parent_is_sigkilled(llama_dir: Path) -> None:
-    command = [sys.executable, "-c", PARENT, str(llama_dir)]
+@pytest.mark.parametrize("tp", [1, 2])  # tensor-parallel rank 1 is a child too
+async def test_children_die_when_the_parent_is_sigkilled(llama_dir: Path, tp: int) -> None:
+    command = [sys.executable, "-c", PARENT, str(llama_dir), str(tp)]
     parent = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE)
     try:
         assert parent.stdout is not None
@@ -54,7 +56,7 @@ async def test_children_die_when_the_parent_is_sigkilled(llama_dir: Path) -> Non
         while not line.endswith(b"\n"):
             line += await parent.stdout.receive_some()
         children = [int(pid) for pid in line.split()]
-        assert len(children) == 2
+        assert len(children) == 2 + (tp - 1)
         folders = glob.glob(f"{ipc_dir.ROOT}/rt-{parent.pid}-*")
         assert len(folders) == 1
         parent.send_signal(signal.SIGKILL)

@@ -41,12 +41,14 @@ class TPGroup:
         self.rank, self.size, self.backend = rank, size, backend
         self.device = torch.device(device)  # where collectives' tensors live (NCCL: a GPU)
         self.store: Any = None  # where the ranks met: a torch.distributed Store
+        self.calls = 0  # roll calls so far (tp_group.agree), the same count on every rank
         self.timeout = STEP_TIMEOUT
         self.communicate_seconds = 0.0  # time spent in collectives, for the step-time split
 
     def all_reduce_(self, x: torch.Tensor, timeout: timedelta | None = None) -> None:
         if self.size > 1:
-            self._wait(self.backend.allreduce([x]), timeout)
+            options = dist.AllreduceOptions()
+            self._run(self.backend.allreduce, [x], options, timeout)
 
     def gather_to_first(self, x: torch.Tensor) -> list[torch.Tensor] | None:
         """Every rank's `x` (same shape on all) on rank 0, in rank order; None on the others."""
@@ -55,7 +57,7 @@ class TPGroup:
         options = dist.GatherOptions()
         options.rootRank = 0
         parts = [torch.empty_like(x) for _ in range(self.size)] if self.rank == 0 else []
-        self._wait(self.backend.gather([parts] if parts else [], [x], options))
+        self._run(self.backend.gather, [parts] if parts else [], options, None, [x])
         return parts or None
 
     def broadcast_(self, x: torch.Tensor, timeout: timedelta | None = None) -> None:
@@ -63,12 +65,24 @@ class TPGroup:
         if self.size > 1:
             options = dist.BroadcastOptions()
             options.rootRank, options.rootTensor = 0, 0
-            self._wait(self.backend.broadcast([x], options), timeout)
+            self._run(self.backend.broadcast, [x], options, timeout)
 
-    def _wait(self, work: Any, timeout: timedelta | None = None) -> None:
+    def _run(
+        self,
+        collective: Any,
+        tensors: list[Any],
+        options: Any,
+        timeout: timedelta | None,
+        inputs: list[torch.Tensor] | None = None,
+    ) -> None:
+        """Run one collective and wait for it. The timeout goes into the operation itself,
+        not only into the wait: gloo would otherwise fail it at the group's default timeout,
+        and a group's destructor waits for operations still running."""
+        options.timeout = timeout or self.timeout
         start = time.perf_counter()
         try:
-            work.wait(timeout or self.timeout)
+            work = collective(tensors, inputs, options) if inputs else collective(tensors, options)
+            work.wait()
         except RuntimeError as exc:
             raise TPGroupError(
                 f"tensor-parallel rank {self.rank}: a collective failed ({exc}); a rank died "

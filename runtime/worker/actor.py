@@ -36,9 +36,10 @@ from runtime.wire.messages import (
     WorkerStats,
 )
 from runtime.wire.transport import Channel, MessageChannel
-from runtime.worker import tp_group, weight_group
+from runtime.worker import rank_control, tp_group, weight_group
 from runtime.worker.model_runner import ModelRunner, StepOutcome
 from runtime.worker.profiler import WorkerProfiler
+from runtime.worker.rank_control import RankControl
 from runtime.worker.shard_follower import build_rank
 from runtime.worker.weight_group import WeightGroup
 
@@ -52,11 +53,9 @@ def return_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-# Changing weights or memory on every rank at once (two-phase, so that no rank serves other
-# weights than the rest) is not built yet; refusing is better than diverging.
-NOT_WITH_TP = (
-    "not available with --tensor-parallel-size > 1 yet (weights and memory stay as loaded)"
-)
+# Each rank would join the trainer's group and slice its share out of every broadcast: not
+# built yet, and refusing is better than serving a model whose ranks disagree.
+NOT_WITH_TP = "weight update groups are not available with --tensor-parallel-size > 1 yet"
 
 
 class WorkerActor:
@@ -176,9 +175,10 @@ class WorkerActor:
                     | ResumeMemory()
                     | UpdateWeights()
                     | UpdateWeightsFromFile()
-                    | JoinWeightGroup()
-                    | UpdateWeightsFromGroup()
+                    | GetWeights()
                 ) if runner.tp.size > 1:
+                    await scheduler.send(await self._on_every_rank(runner, msg))
+                case JoinWeightGroup() | UpdateWeightsFromGroup() if runner.tp.size > 1:
                     await scheduler.send(ControlDone(msg.nonce, NOT_WITH_TP))
                 case StartProfile(nonce=nonce, request=request):
                     await scheduler.send(ControlDone(nonce, profiler.start(request)))
@@ -218,6 +218,19 @@ class WorkerActor:
                     await scheduler.send(ControlDone(nonce, error))
                 case _:
                     raise WireError(f"worker got an unexpected {type(msg).__name__}")
+
+    async def _on_every_rank(self, runner: ModelRunner, msg: RankControl) -> object:
+        """A control message run on every tensor-parallel rank, in step (rank_control)."""
+
+        def run() -> tuple[str, tuple[float, ...]]:
+            tp_group.send_message(runner.tp, msg)
+            return rank_control.apply(runner, msg)
+
+        error, values = await trio.to_thread.run_sync(run, limiter=self._torch_thread)
+        if isinstance(msg, GetWeights):
+            return WeightValues(msg.nonce, error, values)
+        await self._collect_garbage()
+        return ControlDone(msg.nonce, error)
 
     async def _in_torch_thread(self, update: Callable[[str], str], path: str) -> str:
         error = await trio.to_thread.run_sync(update, path, limiter=self._torch_thread)

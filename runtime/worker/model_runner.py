@@ -150,12 +150,17 @@ class ModelRunner:
         """Serve the weights of `model_dir`: loaded into a fresh model and checked tensor by
         tensor against the served one's shapes before it takes over. Returns "" or what is
         wrong, and then the old weights serve on, untouched."""
+        model, error = self.candidate(model_dir)
+        if not error:
+            self.model, self.model_path = model, model_dir
+        return error
+
+    def candidate(self, model_dir: str) -> tuple[torch.nn.Module | None, str]:
+        """The model with the weights of `model_dir`, not serving yet; or what is wrong."""
         try:
-            model = self._build_model(model_dir)
+            return self._build_model(model_dir), ""
         except Exception as exc:  # a bad path must never stop the worker
-            return f"{type(exc).__name__}: {exc}"
-        self.model, self.model_path = model, model_dir
-        return ""
+            return None, f"{type(exc).__name__}: {exc}"
 
     def install_tensors(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
         """Copy named tensors over the served weights (some or all of them, as a trainer
@@ -197,8 +202,6 @@ class ModelRunner:
         try:
             if self.model is None:
                 raise KeyError("the weights are released (resume_memory_occupation first)")
-            if self.tp.size > 1:  # rank 0 holds a share only
-                raise KeyError("get_weights_by_name is not available with tensor parallelism")
             tensor = find_slot(self.model, name).dest
         except KeyError as exc:
             return str(exc.args[0]), ()

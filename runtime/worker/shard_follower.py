@@ -14,8 +14,16 @@ from torch import distributed as dist
 from runtime.config import EngineConfig
 from runtime.layers.parallel import TPGroup
 from runtime.wire.codec import WireError
-from runtime.wire.messages import ShardStep, StopShards
-from runtime.worker import tp_group
+from runtime.wire.messages import (
+    GetWeights,
+    ReleaseMemory,
+    ResumeMemory,
+    ShardStep,
+    StopShards,
+    UpdateWeights,
+    UpdateWeightsFromFile,
+)
+from runtime.worker import rank_control, tp_group
 from runtime.worker.model_runner import ModelRunner
 
 
@@ -37,6 +45,14 @@ def follow(config: EngineConfig, tp_rank: int, store: dist.Store | str) -> None:
             match msg:
                 case ShardStep():
                     runner.follow(msg)
+                case (
+                    UpdateWeights()
+                    | UpdateWeightsFromFile()
+                    | ReleaseMemory()
+                    | ResumeMemory()
+                    | GetWeights()
+                ):
+                    rank_control.apply(runner, msg)  # rank 0 answers for every rank
                 case StopShards():
                     return
                 case _:
@@ -50,19 +66,14 @@ def build_rank(
 ) -> ModelRunner:
     """This rank's runner, once every rank has built its own: a rank that cannot start
     stops the engine at startup, not at its first step. Every rank takes part in the roll
-    call, failed or not, and a failed rank leaves its cause in the store, so that every rank
-    (rank 0 included, whose error is the one the engine reports) raises the first cause."""
-    failure = ""
+    call, failed or not, so that every rank (rank 0 included, whose error is the one the
+    engine reports) raises the first failed rank's cause."""
+    error = ""
     try:
         runner = ModelRunner(config, progress, group, device)
     except Exception as exc:
-        failure = f"tensor-parallel rank {group.rank} ({device}) could not start: "
-        failure += f"{type(exc).__name__}: {exc}"
-        group.store.set(f"start-error-{group.rank}", failure)  # for rank 0 to name it
-    failed = torch.zeros(group.size, device=group.device)
-    failed[group.rank] = bool(failure)
-    group.all_reduce_(failed, tp_group.JOIN_TIMEOUT)
-    if failed.any():
-        ranks = failed.nonzero().flatten().tolist()
-        raise RankStartError(failure or group.store.get(f"start-error-{ranks[0]}").decode())
+        error = f"could not start on {device}: {type(exc).__name__}: {exc}"
+    error = tp_group.agree(group, error)
+    if error:
+        raise RankStartError(error)
     return runner

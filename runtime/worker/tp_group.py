@@ -24,6 +24,7 @@ from runtime.layers.parallel import TPGroup
 from runtime.wire.codec import decode, encode
 
 JOIN_TIMEOUT = timedelta(seconds=120)  # the other ranks are starting (importing torch...)
+LOAD_TIMEOUT = timedelta(minutes=30)  # a rank loading its share of a checkpoint
 IDLE = timedelta(days=3650)  # a follower waits for the next step as long as the server idles
 
 
@@ -78,3 +79,20 @@ def receive_message(group: TPGroup) -> object:
     data = torch.empty(int(length.item()), dtype=torch.uint8, device=group.device)
     group.broadcast_(data)
     return decode(data.cpu().numpy().tobytes())
+
+
+def agree(group: TPGroup, error: str) -> str:
+    """Roll call: "" if every rank's `error` is "", else the first failed rank's, named.
+    Every rank must call it, in the same order (the store keys count the calls). It waits
+    up to LOAD_TIMEOUT: the others may be loading their share of a large checkpoint."""
+    group.calls += 1
+    key = f"control-{group.calls}"
+    if error:
+        group.store.set(f"{key}-{group.rank}", f"tensor-parallel rank {group.rank}: {error}")
+    failed = torch.zeros(group.size, device=group.device)
+    failed[group.rank] = bool(error)
+    group.all_reduce_(failed, LOAD_TIMEOUT)
+    if not failed.any():
+        return ""
+    first = int(failed.nonzero()[0])
+    return str(group.store.get(f"{key}-{first}").decode())
