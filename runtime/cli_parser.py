@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--api-key", default=os.environ.get("RUNTIME_API_KEY"))
     make = commands.add_parser("make-model", help="write a tiny deterministic test checkpoint")
     make.add_argument("out_dir", type=Path)
-    make.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3"])
+    make.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3", "llama-80m"])
     make.add_argument("--seed", type=int, default=0)
     return parser
 

@@ -88,6 +88,19 @@ ARCHS: dict[str, TinyArch] = {
         qk_norm=True,
         rope_theta=1_000_000.0,
     ),
+    # ~80 M parameters: big enough that matmuls, not op dispatch, fill a CPU step (for
+    # benchmarks; too slow for the tests)
+    "llama-80m": TinyArch(
+        model_type="llama",
+        architecture="LlamaForCausalLM",
+        hidden_size=768,
+        num_layers=12,
+        num_heads=12,
+        num_kv_heads=4,
+        head_dim=64,
+        intermediate_size=2048,
+        max_position_embeddings=2048,
+    ),
 }
 
 
