@@ -263,3 +263,17 @@ def test_the_size_is_checked_and_has_vllms_and_sglangs_flags() -> None:
         EngineConfig(model="unused", tensor_parallel_size=0)
     for flag in ("--tensor-parallel-size", "--tp-size"):
         assert build_parser().parse_args(["serve", flag, "2"]).tensor_parallel_size == 2
+
+
+async def test_data_parallel_groups_of_tensor_parallel_ranks(
+    llama_dir: Path, references: dict[str, list[list[int]]]
+) -> None:
+    config = tp_config(llama_dir, data_parallel_size=2, num_kv_blocks=0)
+    async with open_engine(config) as engine:
+        results = await collect_all(engine, prompt_set()[:6], GREEDY)
+        stats = await engine.fetch_statistics()
+        values = await engine.get_weights_by_name("model.layers.0.self_attn.q_proj.weight", 99)
+    assert [r["tokens"] for r in results] == references["llama"][1:7]
+    assert all(rank.scheduler.num_generated_tokens > 0 for rank in stats.ranks)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert values == checkpoint_values(llama_dir, name, 99)
