@@ -118,16 +118,18 @@ def _attend(
     mask: torch.Tensor | None,
     scale: float,
 ) -> torch.Tensor:
+    # With a batch dimension torch takes its fused (flash) CPU kernel; 3-D inputs fall back
+    # to the unfused math path, measured 2x (float32) to 4x (bfloat16) slower on prefill.
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1),
-        k,
-        v,
+        q.transpose(0, 1)[None],
+        k[None],
+        v[None],
         attn_mask=mask,
         is_causal=mask is None,
         scale=scale,
         enable_gqa=True,
     )
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
 
 
 def causal_mask(num_queries: int, context_len: int, device: torch.device) -> torch.Tensor:
