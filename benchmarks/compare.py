@@ -28,6 +28,7 @@ import trio
 
 from benchmarks import servers
 from benchmarks.serve import Workload, benchmark, make_prompts
+from runtime.builtin_model import BUILTIN_VERSION
 
 PHASES = (
     "schedule",
@@ -204,8 +205,16 @@ def measure(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
         return results
 
 
+def model_label(args: argparse.Namespace) -> str:
+    """The checkpoint every system served, as its folder name (the built-in one by that)."""
+    name = Path(args.model).name
+    return "built-in model" if name == BUILTIN_VERSION else f"model {name}"
+
+
 def print_table(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -> None:
-    print(f"\nbuilt-in model, {args.dtype}, {args.input_len} in / {args.output_len} out tokens")
+    print(
+        f"\n{model_label(args)}, {args.dtype}, {args.input_len} in / {args.output_len} out tokens"
+    )
     header = (
         f"{'conc':>4} {'system':>12} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p99':>9} "
         f"{'ITL p50':>8} {'ITL p99':>8} {'errors':>6}"
@@ -284,9 +293,8 @@ def plot(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]], pat
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[1].set_yscale("log")
-    fig.suptitle(
-        f"built-in model, {args.dtype}, {args.input_len} in / {args.output_len} out, 2-core CPU"
-    )
+    lengths = f"{args.input_len} in / {args.output_len} out"
+    fig.suptitle(f"{model_label(args)}, {args.dtype}, {lengths}, 2-core CPU")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
