@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -50,7 +51,11 @@ async def one_engine(args: argparse.Namespace, model: str, size: int) -> None:
             )
 
 
-async def main_async(args: argparse.Namespace) -> None:
+OneEngine = Callable[[argparse.Namespace, str, int], Awaitable[None]]
+
+
+async def alternate_sizes(args: argparse.Namespace, one_engine: OneEngine) -> None:
+    """`one_engine(args, model, size)` for each of `args.sizes`, `args.rounds` times over."""
     model = args.model or str(builtin_model_dir())
     print(
         f"model={model} cores={len(os.sched_getaffinity(0))} prompt_len={args.prompt_len} "
@@ -61,18 +66,24 @@ async def main_async(args: argparse.Namespace) -> None:
             await one_engine(args, model, size)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def sizes_parser(doc: str, batch: list[int], output_len: int) -> argparse.ArgumentParser:
+    """The options of a benchmark that compares engine sizes (this one, tensor_parallel)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--model", help="checkpoint directory (default: the built-in model)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--batch", type=int, nargs="+", default=[32, 64])
+    parser.add_argument("--batch", type=int, nargs="+", default=batch)
     parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=output_len)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
     )
-    trio.run(main_async, parser.parse_args())
+    return parser
+
+
+def main() -> None:
+    args = sizes_parser(__doc__, batch=[32, 64], output_len=128).parse_args()
+    trio.run(alternate_sizes, args, one_engine)
 
 
 if __name__ == "__main__":

@@ -17,12 +17,11 @@ loopback, and both ranks share the cores with the scheduler and the frontend.
 from __future__ import annotations
 
 import argparse
-import os
 
 import trio
 
+from benchmarks.data_parallel import alternate_sizes, sizes_parser
 from benchmarks.decode_throughput import run_batch
-from runtime.builtin_model import builtin_model_dir
 from runtime.config import EngineConfig
 from runtime.frontend.launch import open_engine
 
@@ -50,29 +49,9 @@ async def one_engine(args: argparse.Namespace, model: str, size: int) -> None:
             )
 
 
-async def main_async(args: argparse.Namespace) -> None:
-    model = args.model or str(builtin_model_dir())
-    print(
-        f"model={model} cores={len(os.sched_getaffinity(0))} prompt_len={args.prompt_len} "
-        f"output_len={args.output_len}"
-    )
-    for _ in range(args.rounds):
-        for size in args.sizes:
-            await one_engine(args, model, size)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="checkpoint directory (default: the built-in model)")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
-    )
-    trio.run(main_async, parser.parse_args())
+    args = sizes_parser(__doc__, batch=[1, 8, 32], output_len=64).parse_args()
+    trio.run(alternate_sizes, args, one_engine)
 
 
 if __name__ == "__main__":

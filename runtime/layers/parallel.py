@@ -36,11 +36,16 @@ class TPGroup:
     collective is a no-op."""
 
     def __init__(
-        self, rank: int = 0, size: int = 1, backend: Any = None, device: str = "cpu"
+        self,
+        rank: int = 0,
+        size: int = 1,
+        backend: Any = None,
+        device: str = "cpu",
+        store: Any = None,
     ) -> None:
         self.rank, self.size, self.backend = rank, size, backend
         self.device = torch.device(device)  # where collectives' tensors live (NCCL: a GPU)
-        self.store: Any = None  # where the ranks met: a torch.distributed Store
+        self.store = store  # where the ranks met (a torch.distributed Store): small messages
         self.calls = 0  # roll calls so far (tp_group.agree), the same count on every rank
         self.timeout = STEP_TIMEOUT
         self.communicate_seconds = 0.0  # time spent in collectives, for the step-time split

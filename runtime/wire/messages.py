@@ -344,7 +344,7 @@ class ControlDone:
 
 
 # Tensor-parallel rank 0 → the other ranks of its model, broadcast over their process group
-# (runtime/worker/shard_link.py), never over nng.
+# (runtime/worker/tp_group.py), never over nng.
 
 
 @message(50)

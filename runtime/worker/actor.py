@@ -40,7 +40,7 @@ from runtime.worker import rank_control, tp_group, weight_group
 from runtime.worker.model_runner import ModelRunner, StepOutcome
 from runtime.worker.profiler import WorkerProfiler
 from runtime.worker.rank_control import RankControl
-from runtime.worker.shard_follower import build_rank
+from runtime.worker.shard_follower import start_rank
 from runtime.worker.weight_group import WeightGroup
 
 
@@ -123,16 +123,10 @@ class WorkerActor:
                 self._stop_other_ranks(runner)
 
     def _build_runner(self) -> ModelRunner:
-        size = self.config.tensor_parallel_size
-        if size == 1:
+        if self.config.tensor_parallel_size == 1:
             return ModelRunner(self.config, self.progress)
         assert self.tp_store is not None, "tensor parallelism needs a store to meet in"
-        store = self.tp_store
-        if isinstance(store, str):
-            store = tp_group.make_store(store, size)
-        device = tp_group.rank_device(self.config.device, 0)
-        group = tp_group.join(0, size, store, device)
-        return build_rank(self.config, group, device, self.progress)
+        return start_rank(self.config, 0, self.tp_store, self.progress)
 
     @staticmethod
     def _stop_other_ranks(runner: ModelRunner) -> None:

@@ -61,7 +61,7 @@ def load_weights(model: nn.Module, model_dir: str | Path, progress: bool = False
     """Copy every tensor of the checkpoint into `model`, checking names and shapes."""
     files = safetensors_files(Path(model_dir))
     params = dict(model.named_parameters())
-    packed: dict[str, tuple[str, int]] = getattr(model, "packed_modules", {})
+    packed = _packed(model)
     tied = getattr(getattr(model, "args", None), "tie_word_embeddings", False)
     wanted = _wanted(model) - {("lm_head.weight", None)} if tied else _wanted(model)
     loaded: set[tuple[str, int | None]] = set()

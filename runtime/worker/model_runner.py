@@ -177,12 +177,16 @@ class ModelRunner:
 
     def install_file(self, path: str) -> str:
         """`install_tensors` from a safetensors file."""
+        tensors, error = self.read_file(path)
+        return error or self.install_tensors(tensors)
+
+    def read_file(self, path: str) -> tuple[list[tuple[str, torch.Tensor]], str]:
+        """The named tensors of a safetensors file, or what is wrong with it."""
         try:
             with safe_open(path, framework="pt", device=str(self.device)) as f:
-                tensors = [(name, f.get_tensor(name)) for name in f.keys()]  # noqa: SIM118
+                return [(name, f.get_tensor(name)) for name in f.keys()], ""  # noqa: SIM118
         except Exception as exc:  # not a safetensors file: the worker carries on
-            return f"not a readable safetensors file: {type(exc).__name__}: {exc}"
-        return self.install_tensors(tensors)
+            return [], f"not a readable safetensors file: {type(exc).__name__}: {exc}"
 
     def check_tensors(self, specs: Sequence[tuple[str, torch.dtype, tuple[int, ...]]]) -> str:
         """ "" if tensors of these names, dtypes and shapes would install; else what is wrong."""

@@ -17,7 +17,6 @@ import json
 import math
 
 import torch
-from safetensors import safe_open
 
 from runtime.wire.messages import (
     GetWeights,
@@ -58,13 +57,9 @@ def apply(runner: ModelRunner, msg: RankControl) -> tuple[str, tuple[float, ...]
 
 
 def _install_file(runner: ModelRunner, path: str) -> str:
-    try:
-        with safe_open(path, framework="pt", device=str(runner.device)) as f:
-            tensors = [(name, f.get_tensor(name)) for name in f.keys()]  # noqa: SIM118
-        specs = [(name, t.dtype, tuple(t.shape)) for name, t in tensors]
-        error = runner.check_tensors(specs)
-    except Exception as exc:  # not a safetensors file: every rank sees the same
-        tensors, error = [], f"not a readable safetensors file: {type(exc).__name__}: {exc}"
+    tensors, error = runner.read_file(path)  # every rank reads the same file
+    if not error:
+        error = runner.check_tensors([(name, t.dtype, tuple(t.shape)) for name, t in tensors])
     error = agree(runner.tp, error)
     if error:
         return error
@@ -91,20 +86,19 @@ def _weight_values(runner: ModelRunner, name: str, count: int) -> tuple[str, tup
         return error.split(": ", 1)[1], ()  # the same on every rank: no need to name one
     row = math.prod(slot.full_shape[1:])
     rows = min(math.ceil(count / row), slot.full_shape[0])  # whole rows that hold them
-    share = slot.dest.narrow(0, 0, min(rows, slot.dest.shape[0])) if slot.dim else slot.dest
-    first_row = 0 if slot.dim else slot.start
-    if not slot.dim:  # rows of the whole tensor: this rank's that are among the first `rows`
-        share = share.narrow(0, 0, max(0, min(share.shape[0], rows - first_row)))
-    key = f"weights-{tp.calls}-{tp.rank}"
+    # split by columns: this rank's columns of the first `rows` rows; split by rows (or
+    # whole): this rank's rows among the first `rows`
+    share = slot.dest[:rows] if slot.dim else slot.dest[: max(0, rows - slot.start)]
+    key = f"weights-{tp.calls}"
     header = {"dim": slot.dim, "start": slot.start, "shape": list(share.shape)}
     data = share.detach().float().cpu().contiguous().numpy().tobytes()
-    tp.store.set(key, json.dumps(header).encode() + b"\n" + data)
+    tp.store.set(f"{key}-{tp.rank}", json.dumps(header).encode() + b"\n" + data)
     agree(tp, "")  # every share is in the store
     if tp.rank != 0:
         return "", ()
     whole = torch.zeros((rows, *slot.full_shape[1:]))
     for rank in range(tp.size):
-        raw = tp.store.get(f"weights-{tp.calls - 1}-{rank}")
+        raw = tp.store.get(f"{key}-{rank}")
         head, _, body = raw.partition(b"\n")
         part = json.loads(head)
         if not body:  # none of its rows is among the first

@@ -34,12 +34,9 @@ class RankStartError(RuntimeError):
 def follow(config: EngineConfig, tp_rank: int, store: dist.Store | str) -> None:
     """Join the group as `tp_rank`, build this rank's share, then follow rank 0 until it
     stops."""
-    if isinstance(store, str):
-        store = tp_group.make_store(store, config.tensor_parallel_size)
-    device = tp_group.rank_device(config.device, tp_rank)
-    group = tp_group.join(tp_rank, config.tensor_parallel_size, store, device)
+    runner = start_rank(config, tp_rank, store)
+    group = runner.tp
     try:
-        runner = build_rank(config, group, device)
         while True:
             msg = tp_group.receive_message(group)
             match msg:
@@ -59,6 +56,22 @@ def follow(config: EngineConfig, tp_rank: int, store: dist.Store | str) -> None:
                     raise WireError(f"rank {tp_rank} got an unexpected {type(msg).__name__}")
     finally:
         tp_group.leave(group)
+
+
+def start_rank(
+    config: EngineConfig, tp_rank: int, store: dist.Store | str, progress: bool = False
+) -> ModelRunner:
+    """Join the group as `tp_rank` (in a FileStore at `store`, if a path) and build this
+    rank's share; the group is left again if that fails."""
+    if isinstance(store, str):
+        store = tp_group.make_store(store, config.tensor_parallel_size)
+    device = tp_group.rank_device(config.device, tp_rank)
+    group = tp_group.join(tp_rank, config.tensor_parallel_size, store, device)
+    try:
+        return build_rank(config, group, device, progress)
+    except BaseException:
+        tp_group.leave(group)
+        raise
 
 
 def build_rank(

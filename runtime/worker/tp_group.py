@@ -46,9 +46,7 @@ def join(rank: int, size: int, store: dist.Store, device: torch.device) -> TPGro
         options._timeout = JOIN_TIMEOUT
         options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
         backend = dist.ProcessGroupGloo(store, rank, size, options)
-    group = TPGroup(rank, size, backend, str(device))
-    group.store = store
-    return group
+    return TPGroup(rank, size, backend, str(device), store)
 
 
 def leave(group: TPGroup) -> None:
