@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import resource
+import shlex
 import time
 from collections.abc import Callable
 from functools import partial
@@ -181,6 +182,12 @@ def measure(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
                     )
                 )
             )
+        for variant in args.variant:  # our server again, with other flags
+            name, _, flags = variant.partition("=")
+            extra = shlex.split(flags)
+            running.append(
+                stack.enter_context(servers.ours(args.model, args.dtype, "tiny", extra, name=name))
+            )
         if args.vllm_venv:
             running.append(
                 stack.enter_context(servers.vllm(args.vllm_venv, args.model, args.dtype, "tiny"))
@@ -245,7 +252,9 @@ def print_time_split(args: argparse.Namespace, results: dict[str, list[dict[str,
             continue
         split = " ".join(f"{r['ms_per_step'][p]:>10.3f}" for p in PHASES)
         print(f"{concurrency:>4} {r['steps']:>6.0f} {split}")
-    for system in ("ours", "before", "vllm"):
+    for system in results:
+        if system == "transformers":
+            continue
         for concurrency, r in zip(args.concurrency, results.get(system, []), strict=False):
             tokens = r["completed_total"] * args.output_len / 1000
             cpu = ", ".join(
@@ -314,6 +323,13 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=4000)
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--before", help="a checkout of an older commit, served as 'before'")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=FLAGS",
+        help="also serve ours with these flags, e.g. threads2='--threads 2' (repeatable)",
+    )
     parser.add_argument("--out-dir", default="out/compare")
     args = parser.parse_args()
     if args.model is None:

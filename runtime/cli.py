@@ -127,6 +127,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         logprobs_mode=args.logprobs_mode,
         data_parallel_size=args.data_parallel_size,
         tensor_parallel_size=args.tensor_parallel_size,
+        attention_backend=args.attention_backend,
     )
 
 

@@ -31,6 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="torch threads per worker (default: all cores but one, shared by the workers)",
     )
+    serve.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=["auto", "cpp", "torch"],
+        help="cpp: compiled CPU kernels reading the KV cache in place; torch: the reference "
+        "path; auto (default): cpp on CPU in float32/bfloat16 where g++ exists",
+    )
     serve.add_argument("--mode", default="process", choices=["process", "inproc"])
     serve.add_argument(
         "--data-parallel-size",

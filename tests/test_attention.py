@@ -1,4 +1,5 @@
-"""The paged attention reference against plain dense causal attention."""
+"""Paged attention, on the torch path and on the compiled CPU kernels, against plain dense
+causal attention."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from runtime.kernels.cpu import load_cpu_kernels
 from runtime.layers.attention import (
     AttentionMetadata,
     PrefillSlice,
@@ -25,8 +27,9 @@ def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int) -> torch.Te
     return out.transpose(0, 1)[-n:]
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_mixed_batch_matches_dense_attention(dtype: torch.dtype) -> None:
+def test_mixed_batch_matches_dense_attention(dtype: torch.dtype, backend: str) -> None:
     gen = torch.Generator().manual_seed(0)
     # (already cached tokens, new tokens) per sequence: decodes, a fresh prefill, a chunk
     layout = [(7, 1), (12, 1), (0, 1), (0, 9), (5, 6)]
@@ -53,11 +56,21 @@ def test_mixed_batch_matches_dense_attention(dtype: torch.dtype) -> None:
     lens = torch.tensor([c + n for c, n in layout[:3]])
     padding = torch.arange(width * BLOCK)[None, :] >= lens[:, None]
     bias = torch.zeros(padding.shape, dtype=dtype).masked_fill(padding, -torch.inf)
+    if backend == "torch":
+        layout_args = {
+            "decode_rows": gather_rows(decode_tables, KV_HEADS, NUM_BLOCKS),
+            "decode_bias": bias.repeat_interleave(KV_HEADS, dim=0).unsqueeze(1),
+        }
+    else:
+        layout_args = {
+            "kernels": load_cpu_kernels(),
+            "decode_tables": decode_tables,
+            "decode_lens": lens,
+        }
     meta = AttentionMetadata(
         slot_mapping=torch.tensor(slots),
         num_decodes=3,
-        decode_rows=gather_rows(decode_tables, KV_HEADS, NUM_BLOCKS),
-        decode_bias=bias.repeat_interleave(KV_HEADS, dim=0).unsqueeze(1),
+        **layout_args,
         prefills=[
             PrefillSlice(3, 9, 9, None, None),
             PrefillSlice(

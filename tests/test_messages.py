@@ -75,7 +75,7 @@ EXAMPLES = [
     Rejected("r1", "a reason"),
     WORKER_STATS,
     StepResult(9, (1, 2), (10, 11), (-0.5, -1.0), WORKER_STATS),
-    EngineReady(2048, 2, WorkerReady(100, "float32", 4, 32000, 2)),
+    EngineReady(2048, 2, WorkerReady(100, "float32", 4, 32000, 2, "cpp")),
     STATS,
     StepOutputs(("a", "b"), (1, 2), (-0.1, -0.2), (None, "stop"), (0, 16), STATS, WORKER_STATS),
     StepResult(3, (1, 2), (10, 11), (-0.5, -1.0), WORKER_STATS, (LOGPROBS, None), (None, LOGPROBS)),

@@ -12,20 +12,30 @@ from tests.conftest import ARCHS
 from tests.engine_helpers import collect, collect_all
 from tests.parity_helpers import GREEDY, SHARED, prompt_set
 
+# the compiled CPU kernels (the default) in both modes, and the torch reference path
+PATHS = [("inproc", "cpp"), ("process", "auto"), ("inproc", "torch")]
 
-@pytest.mark.parametrize("mode", ["inproc", "process"])
+
+@pytest.mark.parametrize(("mode", "backend"), PATHS)
 @pytest.mark.parametrize("arch", ARCHS)
 async def test_greedy_parity_with_prefix_cache_and_chunked_prefill(
-    model_dirs: dict[str, Path], references: dict[str, list[list[int]]], arch: str, mode: str
+    model_dirs: dict[str, Path],
+    references: dict[str, list[list[int]]],
+    arch: str,
+    mode: str,
+    backend: str,
 ) -> None:
     config = EngineConfig(
         dtype="float32",  # transformers computes the references in float32
         model=str(model_dirs[arch]),
         mode=mode,
+        attention_backend=backend,  # type: ignore[arg-type]
         max_model_len=512,
         max_num_batched_tokens=256,
     )  # 16 prompts need several chunked steps
     async with open_engine(config) as engine:
+        ran = engine.server_info()["attention_backend"]  # read back from the worker
+        assert ran == ("torch" if backend == "torch" else "cpp")
         warm = await collect(engine, SHARED, GREEDY)  # puts the shared prefix in the cache
         results = await collect_all(engine, prompt_set(), GREEDY)
         stats = await engine.fetch_statistics()
@@ -37,16 +47,21 @@ async def test_greedy_parity_with_prefix_cache_and_chunked_prefill(
     assert stats.kv_cache_usage == 0.0
 
 
-@pytest.mark.parametrize("mode", ["inproc", "process"])
+@pytest.mark.parametrize(("mode", "backend"), PATHS)
 @pytest.mark.parametrize("arch", ARCHS)
 async def test_greedy_parity_under_preemption(
-    model_dirs: dict[str, Path], references: dict[str, list[list[int]]], arch: str, mode: str
+    model_dirs: dict[str, Path],
+    references: dict[str, list[list[int]]],
+    arch: str,
+    mode: str,
+    backend: str,
 ) -> None:
     # 40 blocks of 16 = 640 tokens for ~2,300 prompt tokens in flight: preemption is certain
     config = EngineConfig(
         dtype="float32",  # transformers computes the references in float32
         model=str(model_dirs[arch]),
         mode=mode,
+        attention_backend=backend,  # type: ignore[arg-type]
         max_model_len=512,
         num_kv_blocks=40,  # prefix caching on: a recomputed sequence may revive its own blocks
     )

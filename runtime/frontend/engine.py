@@ -222,6 +222,7 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
             settings |= {"num_kv_blocks": w.num_kv_blocks, "dtype": w.dtype,
                          "num_threads": w.num_threads,
                          "tensor_parallel_size": w.tensor_parallel_size,
+                         "attention_backend": w.attention_backend,
                          "max_steps_in_flight": self.ready.max_steps_in_flight}  # fmt: skip
         return settings
 

@@ -1,4 +1,6 @@
-"""Paged attention over a flattened batch: the torch reference path (CPU, and any device).
+"""Paged attention over a flattened batch: the torch reference path (any device), and the
+compiled CPU kernels (runtime/kernels/) for what they cover: storing keys and values, and the
+single-query rows, read from the cache in place.
 
 The KV cache of one layer is a tensor [2, kv_heads, num_blocks, block_size, head_dim]: K then
 V, each head's blocks contiguous. Viewed as rows of one block of one head ([2 * kv_heads *
@@ -12,7 +14,7 @@ v heads, rotary already applied), so one `index_copy_` stores a step's keys and 
 
 A step's batch is flattened to T tokens. Sequences with a single query token (decodes, and the
 last token of a fully cached prompt) come first and are computed together; the rest (prefill
-chunks) attend one sequence at a time.
+chunks) attend one sequence at a time (torch's fused SDPA on both paths).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from runtime.kernels.cpu import CpuKernels
 
 
 @dataclass(slots=True)
@@ -38,9 +42,14 @@ class AttentionMetadata:
 
     slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) of each token
     num_decodes: int  # rows [0, num_decodes) are single-query sequences
-    decode_rows: torch.Tensor  # cache rows (K and V) of the decodes' blocks, padded
-    decode_bias: torch.Tensor  # [num_decodes * kv_heads, 1, max_blocks * block_size]: 0 or -inf
     prefills: list[PrefillSlice]
+    kernels: CpuKernels | None = None  # None: the torch path
+    # the torch path's decode layout
+    decode_rows: torch.Tensor | None = None  # cache rows (K and V) of their blocks, padded
+    decode_bias: torch.Tensor | None = None  # [decodes * kv_heads, 1, width * block_size]: 0/-inf
+    # the kernels' decode layout
+    decode_tables: torch.Tensor | None = None  # [decodes, width] block ids, padded
+    decode_lens: torch.Tensor | None = None  # [decodes] tokens each attends to
 
 
 def gather_rows(block_tables: torch.Tensor, num_kv_heads: int, num_blocks: int) -> torch.Tensor:
@@ -64,7 +73,10 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:  # [T, num_heads, head_dim]
-    store_kv(kv_cache, heads[:, num_heads:], meta.slot_mapping)
+    if meta.kernels is None:
+        store_kv(kv_cache, heads[:, num_heads:], meta.slot_mapping)
+    else:
+        meta.kernels.store_kv(kv_cache, heads[:, num_heads:], meta.slot_mapping)
     q = heads[:, :num_heads]
     if not meta.prefills:  # a pure decode step: no copy into a fresh output
         return _decode(q, kv_cache, meta, scale)
@@ -98,6 +110,10 @@ def _gather(
 def _decode(
     q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:
+    if meta.kernels is not None:
+        assert meta.decode_tables is not None and meta.decode_lens is not None
+        return meta.kernels.decode(q, kv_cache, meta.decode_tables, meta.decode_lens, scale)
+    assert meta.decode_rows is not None and meta.decode_bias is not None
     b, heads, head_dim = q.shape
     kv_heads = kv_cache.shape[1]
     keys, values = _gather(kv_cache, meta.decode_rows, b)  # [B, kv_heads, L, D]

@@ -110,6 +110,7 @@ class WorkerActor:
             num_threads=runner.num_threads,
             vocab_size=runner.info.vocab_size,
             tensor_parallel_size=runner.tp.size,
+            attention_backend=runner.attention_backend,
         )
         await scheduler.send(ready)
         task_status.started()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.kernels.cpu import CpuKernels
 from runtime.layers.attention import AttentionMetadata, PrefillSlice, causal_mask, gather_rows
 from runtime.model_info import ModelInfo
 from runtime.wire.messages import StepPlan
@@ -38,6 +39,7 @@ class InputBuilder:
         num_blocks: int,
         info: ModelInfo,
         prompt_logprobs: PromptLogprobs,
+        kernels: CpuKernels | None = None,
     ) -> None:
         self.device = device
         self.block_size = block_size
@@ -45,6 +47,7 @@ class InputBuilder:
         self.num_blocks = num_blocks
         self.info = info
         self.prompt_logprobs = prompt_logprobs  # which sequences score their prompt
+        self.kernels = kernels  # None: the torch attention path
 
     def build(self, plan: StepPlan, seqs: list[WorkerSeq]) -> ModelInputs:
         """The step's inputs; `seqs`: the plan's sequences, as the table holds them."""
@@ -89,8 +92,9 @@ class InputBuilder:
         meta = AttentionMetadata(
             slot_mapping=self._tensor(slots),
             num_decodes=num_decodes,
-            **self._decode_layout(decode_seqs),
             prefills=prefills,
+            kernels=self.kernels,
+            **self._decode_layout(decode_seqs),
         )
         return ModelInputs(
             input_ids=self._tensor(input_ids),
@@ -103,15 +107,19 @@ class InputBuilder:
         )
 
     def _decode_layout(self, seqs: list[WorkerSeq]) -> dict[str, torch.Tensor]:
-        """Cache rows to gather and an additive key mask for the single-query sequences."""
+        """The single-query sequences' block tables and lengths (the kernels read the cache
+        in place), or for the torch path the cache rows to gather and an additive key mask."""
+        context_lens = [s.num_computed_tokens + 1 for s in seqs]
+        width = max((-(-c // self.block_size) for c in context_lens), default=0)
+        tables = [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in seqs]
+        if self.kernels is not None:
+            tables_tensor = self._tensor(tables).view(len(seqs), width)  # [0, 0] when none
+            return {"decode_tables": tables_tensor, "decode_lens": self._tensor(context_lens)}
         if not seqs:
             return {
                 "decode_rows": self._tensor([]),
                 "decode_bias": torch.zeros((0, 1, 1), device=self.device),
             }
-        context_lens = [s.num_computed_tokens + 1 for s in seqs]
-        width = max(-(-c // self.block_size) for c in context_lens)
-        tables = [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in seqs]
         rows = gather_rows(self._tensor(tables), self.num_kv_heads, self.num_blocks)
         keys = torch.arange(width * self.block_size, device=self.device)
         padding = keys[None, :] >= self._tensor(context_lens)[:, None]  # [B, width * bs]

@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 
 from runtime.config import EngineConfig
+from runtime.kernels.cpu import select_kernels
 from runtime.layers.basic import pack_linears_for_cpu
 from runtime.layers.parallel import SINGLE, TPGroup, kv_heads_per_rank
 from runtime.model_info import load_model_info, resolve_max_model_len
@@ -101,6 +102,8 @@ class ModelRunner:
             self.info.vocab_size, self.info.eos_token_ids, self.device
         )
         self.prompt_logprobs = PromptLogprobs()
+        self.kernels = select_kernels(config.attention_backend, self.device, self.info.dtype)
+        self.attention_backend = "torch" if self.kernels is None else "cpp"
         self.inputs = InputBuilder(
             self.device,
             config.block_size,
@@ -108,6 +111,7 @@ class ModelRunner:
             self.num_blocks,
             self.info,
             self.prompt_logprobs,
+            self.kernels,
         )
         self.processed_logprobs = config.logprobs_mode == "processed"
 

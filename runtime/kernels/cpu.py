@@ -1,0 +1,203 @@
+"""The CPU attention kernels (cpu_attention.cpp): compiled once per machine with g++, cached
+across restarts, called through ctypes.
+
+No torch headers are involved, so a build takes about a second rather than the minute a
+`torch.utils.cpp_extension` build takes. The shared library is keyed by the source, the
+flags and the CPU's feature flags (it is built with -march=native), and written atomically
+so that several workers starting at once can build it side by side.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+_CTYPES: dict[str, Any] = {
+    "i": ctypes.c_int,
+    "q": ctypes.c_int64,
+    "f": ctypes.c_float,
+    "p": ctypes.c_void_p,
+}
+log = logging.getLogger(__name__)
+
+
+def _signature(codes: str) -> list[Any]:
+    """ctypes argument types from letters: i int, q int64, f float, p pointer."""
+    return [_CTYPES[code] for code in codes.split()]
+
+
+class KernelError(RuntimeError):
+    """The kernel refused its arguments (an index outside the cache, a bad shape)."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("RUNTIME_KERNEL_CACHE") or os.environ.get("XDG_CACHE_HOME")
+    return Path(root or Path.home() / ".cache") / "runtime-kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _build(compiler: str) -> Path:
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_flags().encode())
+    target = cache_dir() / f"cpu_attention-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        subprocess.run(
+            [compiler, *FLAGS, str(SOURCE), "-o", str(built)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        os.replace(built, target)  # atomic: a racing build writes the same bytes
+    return target
+
+
+class CpuKernels:
+    """ctypes handles on the compiled kernels, with torch-shaped wrappers."""
+
+    def __init__(self, library: Path) -> None:
+        lib = ctypes.CDLL(str(library))
+        # argument types as cpu_attention.cpp declares them (ctypes converts ints and floats)
+        self._decode = lib.paged_decode
+        self._decode.argtypes = _signature("i p p q p p q p q q q q q q f i")
+        self._store = lib.paged_store_kv
+        self._store.argtypes = _signature("i p p q p q q q q")
+        self.library = library
+
+    def store_kv(self, kv_cache: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor) -> None:
+        """kv: [T, 2 * kv_heads, head_dim], rows of one token may be strided; slots: [T]."""
+        tokens, heads, dim = kv.shape
+        _check_rows(kv, kv_cache)
+        _check_index(slots)
+        code = self._store(
+            DTYPES[kv_cache.dtype],
+            kv_cache.data_ptr(),
+            kv.data_ptr(),
+            kv.stride(0),
+            slots.data_ptr(),
+            tokens,
+            heads // 2,
+            kv_cache.shape[2] * kv_cache.shape[3],
+            dim,
+        )
+        _raise_for(code)
+
+    def decode(
+        self,
+        q: torch.Tensor,  # [B, heads, head_dim], rows of one token may be strided
+        kv_cache: torch.Tensor,  # [2, kv_heads, num_blocks, block_size, head_dim]
+        block_tables: torch.Tensor,  # [B, width] int64
+        context_lens: torch.Tensor,  # [B] int64
+        scale: float,
+    ) -> torch.Tensor:
+        batch, heads, dim = q.shape
+        _check_rows(q, kv_cache)
+        _check_index(block_tables)
+        _check_index(context_lens)
+        if context_lens.shape != (batch,) or block_tables.shape[0] != batch:
+            raise KernelError(
+                f"{batch} queries, {block_tables.shape[0]} tables, {context_lens.shape} lengths"
+            )
+        out = q.new_empty((batch, heads, dim))
+        _, kv_heads, num_blocks, block_size, _ = kv_cache.shape
+        code = self._decode(
+            DTYPES[kv_cache.dtype],
+            out.data_ptr(),
+            q.data_ptr(),
+            q.stride(0),
+            kv_cache.data_ptr(),
+            block_tables.data_ptr(),
+            block_tables.shape[1],
+            context_lens.data_ptr(),
+            batch,
+            heads,
+            kv_heads,
+            num_blocks,
+            block_size,
+            dim,
+            scale,
+            torch.get_num_threads(),  # torch's setting; OpenMP's own is per OS thread
+        )
+        _raise_for(code)
+        return out
+
+
+def _check_rows(x: torch.Tensor, kv_cache: torch.Tensor) -> None:
+    """The kernels step over tokens by stride(0) and expect each token's heads packed."""
+    if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
+        raise KernelError(f"heads of one token must be contiguous, strides {x.stride()}")
+    if x.dtype != kv_cache.dtype or kv_cache.dtype not in DTYPES:
+        raise KernelError(f"dtype {x.dtype} with a {kv_cache.dtype} cache")
+    if not kv_cache.is_contiguous():
+        raise KernelError("the KV cache must be contiguous")
+
+
+def _check_index(x: torch.Tensor) -> None:
+    if x.dtype != torch.int64 or not x.is_contiguous():
+        raise KernelError(f"indices must be contiguous int64, not {x.dtype}")
+
+
+def _raise_for(code: int) -> None:
+    if code:
+        reasons = {1: "heads do not group", 2: "a context length is outside its block table"}
+        reasons |= {3: "a block id is outside the cache", 4: "a slot is outside the cache"}
+        raise KernelError(reasons.get(code, f"unsupported dtype (code {code})"))
+
+
+@cache
+def load_cpu_kernels() -> CpuKernels:
+    """The kernels, built if needed. Raises KernelError if they cannot be built."""
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise KernelError("no C++ compiler (g++ or c++ on PATH, or $CXX)")
+    try:
+        return CpuKernels(_build(compiler))
+    except subprocess.CalledProcessError as exc:
+        raise KernelError(f"{compiler} failed on {SOURCE.name}:\n{exc.stderr}") from exc
+    except OSError as exc:  # an unwritable cache, a library that does not load
+        raise KernelError(f"cannot build or load {SOURCE.name}: {exc}") from exc
+
+
+def select_kernels(backend: str, device: torch.device, dtype: torch.dtype) -> CpuKernels | None:
+    """The kernels `backend` asks for ("auto", "cpp" or "torch"); None: the torch path."""
+    if backend == "torch":
+        return None
+    applies = device.type == "cpu" and dtype in DTYPES
+    if backend == "cpp" and not applies:
+        raise ValueError(
+            f"attention_backend 'cpp' runs on CPU in float32 or bfloat16, not {device} {dtype}"
+        )
+    if not applies:
+        return None
+    try:
+        return load_cpu_kernels()
+    except KernelError as exc:
+        if backend == "cpp":
+            raise
+        log.warning("the CPU attention kernels are unavailable, using torch's: %s", exc)
+        return None

@@ -1,0 +1,375 @@
+// Paged attention on CPU, reading K/V blocks where they lie (no gather copy).
+//
+// The KV cache of one layer is [2, kv_heads, num_blocks, block_size, head_dim] (see
+// runtime/layers/attention.py). Plain C ABI, loaded with ctypes: no torch headers, so it
+// compiles in about a second. Element types: float32 and bfloat16 (as raw uint16 bits);
+// all arithmetic is float32, as torch's softmax(dtype=float32) path. With AVX-512 and a
+// head_dim of 64 or 128 the inner loops are written with intrinsics (16 tokens' scores come
+// out of one transposing reduction); elsewhere plain loops that -O3 vectorizes. OpenMP
+// (torch's own libgomp, already loaded) splits the (sequence, kv head) pairs over threads.
+//
+// Every index that comes from the caller is checked: a bad slot or block id returns an
+// error code instead of touching memory outside the cache.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <algorithm>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+inline float to_float(float x) { return x; }
+
+inline float to_float(uint16_t x) {
+  uint32_t bits = uint32_t(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline void store(float x, float* out) { *out = x; }
+
+inline void store(float x, uint16_t* out) {  // round to nearest even, as torch's .to(bf16)
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    *out = 0x7fc0;  // NaN stays NaN
+    return;
+  }
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  *out = uint16_t(bits >> 16);
+}
+
+// exp(x) for the softmax, in a form the compiler vectorizes (std::exp stays a scalar call):
+// Cephes' expf, 2^n * p(r) with |r| <= ln2 / 2, within 2 ulp of expf.
+inline float vector_exp(float x) {
+  x = x < -87.f ? -87.f : x;  // the caller's x <= 0; below this 2^n would be denormal
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const uint32_t bits = uint32_t(int32_t(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return p * two_n;
+}
+
+constexpr int kTile = 16;  // tokens whose scores are computed together
+
+// A tile of `n` <= kTile consecutive cached tokens (rows of head_dim) of one block.
+// qk_tile: their scores against the group's queries (`qf`, scaled, group x dim), written to
+// scores[g * len + i]. pv_tile: adds their values, weighted by probs[g * len + i], to `acc`
+// (group x dim). `tile` is kTile x dim floats of scratch.
+template <typename T, int kDim>
+void qk_tile(const float* __restrict qf, const T* rows, int n, int64_t group, int64_t dim_rt,
+             float* __restrict scores, int64_t len, float* __restrict tile) {
+  const int64_t dim = kDim > 0 ? kDim : dim_rt;
+  for (int i = 0; i < n; ++i)
+    for (int64_t d = 0; d < dim; ++d) tile[i * dim + d] = to_float(rows[i * dim + d]);
+  for (int64_t g = 0; g < group; ++g)
+    for (int i = 0; i < n; ++i) {
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t d = 0; d < dim; ++d) dot += qf[g * dim + d] * tile[i * dim + d];
+      scores[g * len + i] = dot;
+    }
+}
+
+template <typename T, int kDim>
+void pv_tile(const float* __restrict probs, const T* rows, int n, int64_t group, int64_t dim_rt,
+             int64_t len, float* __restrict acc, float* __restrict tile) {
+  const int64_t dim = kDim > 0 ? kDim : dim_rt;
+  for (int i = 0; i < n; ++i)
+    for (int64_t d = 0; d < dim; ++d) tile[i * dim + d] = to_float(rows[i * dim + d]);
+  for (int64_t g = 0; g < group; ++g)
+    for (int i = 0; i < n; ++i) {
+      const float p = probs[g * len + i];
+#pragma omp simd
+      for (int64_t d = 0; d < dim; ++d) acc[g * dim + d] += p * tile[i * dim + d];
+    }
+}
+
+// Each of the `group` rows of `scores` (len floats) becomes its softmax.
+inline void softmax_rows(float* scores, int64_t group, int64_t len) {
+  for (int64_t g = 0; g < group; ++g) {
+    float* __restrict s = scores + g * len;
+    float top = -INFINITY;
+    for (int64_t t = 0; t < len; ++t) top = s[t] > top ? s[t] : top;
+    float total = 0.f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t t = 0; t < len; ++t) {
+      s[t] = vector_exp(s[t] - top);
+      total += s[t];
+    }
+    const float inv = 1.f / total;
+#pragma omp simd
+    for (int64_t t = 0; t < len; ++t) s[t] *= inv;
+  }
+}
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+inline __m512 load16(const uint16_t* p) {  // bfloat16 bits are a float's upper half
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+// Lane i of the result is the sum of v[i]'s 16 lanes: a transposing tree of 15 adds, where
+// 16 separate horizontal sums would take ~10 dependent instructions each.
+inline __m512 sum_each(const __m512* v) {
+  __m512 pairs[8], quads[4], halves[2];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: (a, b, a, b)
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)  // per 128-bit lane: (a, b, c, d)
+    quads[i] = _mm512_add_ps(_mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], 0xEE));
+  for (int i = 0; i < 2; ++i)  // 128-bit lanes: (0-3, 0-3, 4-7, 4-7) + 8 * i
+    halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0x44),
+                              _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
+                       _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
+}
+
+// vector_exp, 16 lanes at a time.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 n = _mm512_roundscale_ps(
+      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);  // p * 2^n
+}
+
+inline void softmax_rows_avx512(float* scores, int64_t group, int64_t len) {
+  for (int64_t g = 0; g < group; ++g) {
+    float* s = scores + g * len;
+    __m512 top = _mm512_set1_ps(-INFINITY);
+    for (int64_t t = 0; t < len; t += 16) {
+      const __mmask16 m = len - t >= 16 ? __mmask16(0xffff) : __mmask16((1u << (len - t)) - 1u);
+      top = _mm512_mask_max_ps(top, m, top, _mm512_maskz_loadu_ps(m, s + t));
+    }
+    const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t t = 0; t < len; t += 16) {
+      const __mmask16 m = len - t >= 16 ? __mmask16(0xffff) : __mmask16((1u << (len - t)) - 1u);
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + t), max));
+      _mm512_mask_storeu_ps(s + t, m, e);
+      total = _mm512_mask_add_ps(total, m, total, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(total));
+    for (int64_t t = 0; t < len; t += 16) {
+      const __mmask16 m = len - t >= 16 ? __mmask16(0xffff) : __mmask16((1u << (len - t)) - 1u);
+      _mm512_mask_storeu_ps(s + t, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + t), inv));
+    }
+  }
+}
+
+template <typename T, int kDim>
+void qk_tile_avx512(const float* __restrict qf, const T* rows, int n, int64_t group,
+                    float* __restrict scores, int64_t len, float* __restrict tile) {
+  constexpr int kChunks = kDim / 16;
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < kChunks; ++c)
+      _mm512_storeu_ps(tile + i * kDim + 16 * c, load16(rows + i * kDim + 16 * c));
+  const __mmask16 valid = __mmask16((1u << n) - 1u);
+  for (int64_t g = 0; g < group; ++g) {
+    __m512 q[kChunks], dots[kTile];
+    for (int c = 0; c < kChunks; ++c) q[c] = _mm512_loadu_ps(qf + g * kDim + 16 * c);
+    for (int i = 0; i < kTile; ++i) {
+      __m512 dot = _mm512_setzero_ps();
+      if (i < n)
+        for (int c = 0; c < kChunks; ++c)
+          dot = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(tile + i * kDim + 16 * c), dot);
+      dots[i] = dot;
+    }
+    _mm512_mask_storeu_ps(scores + g * len, valid, sum_each(dots));
+  }
+}
+
+template <typename T, int kDim>
+void pv_tile_avx512(const float* __restrict probs, const T* rows, int n, int64_t group,
+                    int64_t len, float* __restrict acc, float* __restrict tile) {
+  constexpr int kChunks = kDim / 16;
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < kChunks; ++c)
+      _mm512_storeu_ps(tile + i * kDim + 16 * c, load16(rows + i * kDim + 16 * c));
+  for (int64_t g = 0; g < group; ++g) {
+    __m512 sum[kChunks];
+    for (int c = 0; c < kChunks; ++c) sum[c] = _mm512_loadu_ps(acc + g * kDim + 16 * c);
+    for (int i = 0; i < n; ++i) {
+      const __m512 p = _mm512_set1_ps(probs[g * len + i]);
+      for (int c = 0; c < kChunks; ++c)
+        sum[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(tile + i * kDim + 16 * c), sum[c]);
+    }
+    for (int c = 0; c < kChunks; ++c) _mm512_storeu_ps(acc + g * kDim + 16 * c, sum[c]);
+  }
+}
+#endif
+
+struct Decode {  // one call's arguments, as paged_decode received them
+  void* out;
+  const void* q;
+  int64_t q_token_stride;
+  const void* cache;
+  const int64_t* tables;
+  int64_t table_width;
+  const int64_t* lens;
+  int64_t batch, num_heads, kv_heads, num_blocks, block_size, dim;
+  float scale;
+  int threads;
+};
+
+// Scratch of one thread, sized for the longest sequence.
+struct Scratch {
+  std::vector<float> scores, qf, acc, tile;
+  Scratch(int64_t group, int64_t longest, int64_t dim)
+      : scores(group * longest), qf(group * dim), acc(group * dim), tile(kTile * dim) {}
+};
+
+// Calls f(rows, n, first) for each tile of the `len` cached tokens, in order: `rows` points
+// at `n` consecutive token rows of one block, `first` is the first one's position.
+template <typename T, typename F>
+void for_each_tile(const T* plane, const int64_t* table, int64_t len, int64_t block_size,
+                   int64_t dim, F f) {
+  for (int64_t start = 0; start < len; start += block_size) {
+    const T* block = plane + table[start / block_size] * block_size * dim;
+    const int64_t in_block = len - start < block_size ? len - start : block_size;
+    for (int64_t off = 0; off < in_block; off += kTile) {
+      const int n = int(in_block - off < kTile ? in_block - off : kTile);
+      f(block + off * dim, n, start + off);
+    }
+  }
+}
+
+// One (sequence, kv head): its query heads against its cached tokens.
+template <typename T, int kDim, bool kAvx512>
+void attend_group(const Decode& a, int64_t b, int64_t h, Scratch& s) {
+  const int64_t dim = kDim > 0 ? kDim : a.dim, group = a.num_heads / a.kv_heads;
+  const int64_t len = a.lens[b], first_head = h * group;
+  const int64_t plane = a.num_blocks * a.block_size * dim;  // one kv head's K (or V)
+  const T* cache = static_cast<const T*>(a.cache);
+  const T* q = static_cast<const T*>(a.q) + b * a.q_token_stride + first_head * dim;
+  const int64_t* table = a.tables + b * a.table_width;
+  float* scores = s.scores.data();
+  for (int64_t i = 0; i < group * dim; ++i) s.qf[i] = to_float(q[i]) * a.scale;
+  for_each_tile(cache + h * plane, table, len, a.block_size, dim,
+                [&](const T* rows, int n, int64_t first) {
+                  if constexpr (kAvx512)
+                    qk_tile_avx512<T, kDim>(s.qf.data(), rows, n, group, scores + first, len,
+                                            s.tile.data());
+                  else
+                    qk_tile<T, kDim>(s.qf.data(), rows, n, group, dim, scores + first, len,
+                                     s.tile.data());
+                });
+  if constexpr (kAvx512)
+    softmax_rows_avx512(scores, group, len);
+  else
+    softmax_rows(scores, group, len);
+  std::fill(s.acc.begin(), s.acc.end(), 0.f);
+  for_each_tile(cache + (a.kv_heads + h) * plane, table, len, a.block_size, dim,
+                [&](const T* rows, int n, int64_t first) {
+                  if constexpr (kAvx512)
+                    pv_tile_avx512<T, kDim>(scores + first, rows, n, group, len, s.acc.data(),
+                                            s.tile.data());
+                  else
+                    pv_tile<T, kDim>(scores + first, rows, n, group, dim, len, s.acc.data(),
+                                     s.tile.data());
+                });
+  T* out = static_cast<T*>(a.out) + (b * a.num_heads + first_head) * dim;
+  for (int64_t i = 0; i < group * dim; ++i) store(s.acc[i], out + i);
+}
+
+template <typename T, int kDim, bool kAvx512>
+void decode(const Decode& a) {
+  int64_t longest = 0;
+  for (int64_t b = 0; b < a.batch; ++b) longest = a.lens[b] > longest ? a.lens[b] : longest;
+  const int64_t group = a.num_heads / a.kv_heads;
+#pragma omp parallel num_threads(a.threads)
+  {
+    Scratch scratch(group, longest, a.dim);
+#pragma omp for schedule(dynamic, 1) collapse(2)
+    for (int64_t b = 0; b < a.batch; ++b)
+      for (int64_t h = 0; h < a.kv_heads; ++h) attend_group<T, kDim, kAvx512>(a, b, h, scratch);
+  }
+}
+
+// Checks every index the kernel will follow, then picks the variant for head_dim.
+template <typename T>
+int decode_checked(const Decode& a) {
+  if (a.kv_heads <= 0 || a.num_heads % a.kv_heads != 0 || a.block_size <= 0) return 1;
+  for (int64_t b = 0; b < a.batch; ++b) {
+    if (a.lens[b] <= 0 || a.lens[b] > a.table_width * a.block_size) return 2;
+    const int64_t* table = a.tables + b * a.table_width;
+    for (int64_t i = 0; i < (a.lens[b] + a.block_size - 1) / a.block_size; ++i)
+      if (table[i] < 0 || table[i] >= a.num_blocks) return 3;
+  }
+#if defined(__AVX512F__)
+  if (a.dim == 64) return decode<T, 64, true>(a), 0;
+  if (a.dim == 128) return decode<T, 128, true>(a), 0;
+#endif
+  return decode<T, 0, false>(a), 0;
+}
+
+template <typename T>
+int store_kv(void* cache, const void* kv, int64_t kv_token_stride, const int64_t* slots,
+             int64_t tokens, int64_t kv_heads, int64_t num_slots, int64_t dim) {
+  for (int64_t t = 0; t < tokens; ++t)
+    if (slots[t] < 0 || slots[t] >= num_slots) return 4;
+  auto* c = static_cast<T*>(cache);
+  auto* src = static_cast<const T*>(kv);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t j = 0; j < 2 * kv_heads; ++j)  // K heads, then V heads
+      std::memcpy(c + (j * num_slots + slots[t]) * dim, src + t * kv_token_stride + j * dim,
+                  sizeof(T) * dim);
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// dtype: 0 float32, 1 bfloat16. Returns 0, or a nonzero code for a bad argument.
+int paged_decode(int dtype, void* out, const void* q, int64_t q_token_stride, const void* cache,
+                 const int64_t* tables, int64_t table_width, const int64_t* lens, int64_t batch,
+                 int64_t num_heads, int64_t kv_heads, int64_t num_blocks, int64_t block_size,
+                 int64_t dim, float scale, int threads) {
+  const Decode a{out,   q,         q_token_stride, cache,      tables,     table_width, lens,
+                 batch, num_heads, kv_heads,       num_blocks, block_size, dim,         scale,
+                 threads};
+  if (dtype == 0) return decode_checked<float>(a);
+  if (dtype == 1) return decode_checked<uint16_t>(a);
+  return 5;
+}
+
+int paged_store_kv(int dtype, void* cache, const void* kv, int64_t kv_token_stride,
+                   const int64_t* slots, int64_t tokens, int64_t kv_heads, int64_t num_slots,
+                   int64_t dim) {
+  if (dtype == 0)
+    return store_kv<float>(cache, kv, kv_token_stride, slots, tokens, kv_heads, num_slots, dim);
+  if (dtype == 1)
+    return store_kv<uint16_t>(cache, kv, kv_token_stride, slots, tokens, kv_heads, num_slots,
+                              dim);
+  return 5;
+}
+
+}  // extern "C"

@@ -1,0 +1,125 @@
+"""The compiled CPU attention kernels against a float64 reference: every head_dim variant
+(the AVX-512 ones, 64 and 128, and the plain loops), grouped heads, ragged lengths, block
+sizes that do and do not hold whole tiles; and their refusals of indices outside the cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.kernels.cpu import KernelError, load_cpu_kernels
+
+
+def reference(q, cache, tables, lens, scale):  # type: ignore[no-untyped-def]
+    """q [B, H, D]; cache [2, KV, blocks, bs, D]: attention in float64, one sequence at a time."""
+    batch, heads, dim = q.shape
+    kv_heads, block_size = cache.shape[1], cache.shape[3]
+    out = torch.empty(batch, heads, dim, dtype=torch.float64)
+    for b in range(batch):
+        n = int(lens[b])
+        blocks = tables[b, : -(-n // block_size)]
+        k, v = (cache[i][:, blocks].reshape(kv_heads, -1, dim)[:, :n].double() for i in (0, 1))
+        grouped = q[b].double().view(kv_heads, heads // kv_heads, dim)
+        probs = torch.softmax(grouped @ k.transpose(1, 2) * scale, dim=-1)
+        out[b] = (probs @ v).reshape(heads, dim)
+    return out
+
+
+def random_case(
+    batch: int,
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    block_size: int,
+    longest: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+):  # type: ignore[no-untyped-def]
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = batch * -(-longest // block_size) + 3
+    cache = torch.randn(2, kv_heads, num_blocks, block_size, dim, generator=gen).to(dtype)
+    width = -(-longest // block_size)
+    order = torch.randperm(num_blocks, generator=gen)  # each sequence owns scattered blocks
+    tables = order[: batch * width].view(batch, width).clone()
+    lens = torch.randint(1, longest + 1, (batch,), generator=gen)
+    lens[0] = longest
+    # q inside a fused [B, heads + 2 * kv_heads, D] projection, as the model passes it
+    fused = torch.randn(batch, heads + 2 * kv_heads, dim, generator=gen).to(dtype)
+    return fused[:, :heads], cache, tables, lens
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "block_size", "longest"),
+    [
+        (12, 4, 64, 16, 200),  # the AVX-512 variant, a group of 3
+        (4, 2, 128, 16, 33),  # head_dim 128; the last tile holds one token
+        (8, 8, 64, 32, 70),  # no grouping; two tiles per block
+        (6, 2, 48, 8, 41),  # the plain loops; half-tile blocks
+        (2, 1, 16, 4, 9),
+    ],
+)
+def test_decode_matches_float64_reference(
+    dtype: torch.dtype, heads: int, kv_heads: int, dim: int, block_size: int, longest: int
+) -> None:
+    q, cache, tables, lens = random_case(5, heads, kv_heads, dim, block_size, longest, dtype)
+    scale = dim**-0.5
+    out = load_cpu_kernels().decode(q, cache, tables, lens, scale)
+    expected = reference(q, cache, tables, lens, scale)
+    tolerance = (
+        {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 1e-2}
+    )
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), expected, **tolerance)
+
+
+def test_decode_is_the_same_on_one_thread_and_two() -> None:
+    q, cache, tables, lens = random_case(9, 12, 4, 64, 16, 100, torch.float32)
+    kernels = load_cpu_kernels()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernels.decode(q, cache, tables, lens, 0.125)
+        torch.set_num_threads(2)
+        two = kernels.decode(q, cache, tables, lens, 0.125)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)  # each (sequence, kv head) is computed whole by one thread
+
+
+def test_store_kv_writes_each_head_to_its_slot() -> None:
+    kernels = load_cpu_kernels()
+    cache = torch.zeros(2, 2, 6, 4, 8, dtype=torch.bfloat16)
+    fused = torch.randn(3, 2 + 4, 8).to(torch.bfloat16)  # 2 query heads, then K, V heads
+    kv = fused[:, 2:]
+    slots = torch.tensor([5, 0, 23])
+    kernels.store_kv(cache, kv, slots)
+    for t, slot in enumerate(slots.tolist()):
+        block, offset = divmod(slot, 4)
+        assert torch.equal(cache[0, :, block, offset], kv[t, :2])
+        assert torch.equal(cache[1, :, block, offset], kv[t, 2:])
+    assert int((cache != 0).any(-1).sum()) == 3 * 4  # nothing else was written
+
+
+def test_indices_outside_the_cache_are_refused() -> None:
+    kernels = load_cpu_kernels()
+    q, cache, tables, lens = random_case(2, 4, 2, 64, 16, 40, torch.float32)
+    bad_block = tables.clone()
+    bad_block[1, 0] = cache.shape[2]
+    with pytest.raises(KernelError, match="block id"):
+        kernels.decode(q, cache, bad_block, lens, 0.125)
+    negative = tables.clone()
+    negative[0, 0] = -1
+    with pytest.raises(KernelError, match="block id"):
+        kernels.decode(q, cache, negative, lens, 0.125)
+    with pytest.raises(KernelError, match="context length"):
+        kernels.decode(q, cache, tables, lens + tables.shape[1] * 16, 0.125)
+    kv = torch.randn(1, 4, 64)
+    with pytest.raises(KernelError, match="slot"):
+        kernels.store_kv(cache, kv, torch.tensor([cache.shape[2] * cache.shape[3]]))
+    with pytest.raises(KernelError, match="contiguous"):
+        kernels.decode(q.transpose(1, 2), cache, tables, lens, 0.125)
+    with pytest.raises(KernelError, match="int64"):
+        kernels.decode(q, cache, tables.int(), lens, 0.125)
+    with pytest.raises(KernelError, match="dtype"):
+        kernels.decode(q.double(), cache, tables, lens, 0.125)
