@@ -1,13 +1,18 @@
-"""The compiled CPU attention kernels against a float64 reference: every head_dim variant
-(the AVX-512 ones, 64 and 128, and the plain loops), grouped heads, ragged lengths, block
-sizes that do and do not hold whole tiles; and their refusals of indices outside the cache."""
+"""The compiled CPU kernels. Decode attention against a float64 reference: every head_dim
+variant (the AVX-512 ones, 64 and 128, and the plain loops), grouped heads, ragged lengths,
+block sizes that do and do not hold whole tiles; refusals of indices outside the cache. The
+fused norm, SiLU-mul and rotary against the torch ops they replace."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
+from transformers import PretrainedConfig
 
 from runtime.kernels.cpu import KernelError, load_cpu_kernels
+from runtime.layers.basic import RMSNorm
+from runtime.layers.rotary import RotaryEmbedding, apply_rope_
 
 
 def reference(q, cache, tables, lens, scale):  # type: ignore[no-untyped-def]
@@ -123,3 +128,48 @@ def test_indices_outside_the_cache_are_refused() -> None:
         kernels.decode(q, cache, tables.int(), lens, 0.125)
     with pytest.raises(KernelError, match="dtype"):
         kernels.decode(q.double(), cache, tables, lens, 0.125)
+
+
+# the fused small ops, against the torch path they replace (which rounds at the same points)
+CLOSE = {torch.float32: {"atol": 1e-6, "rtol": 1e-5}, torch.bfloat16: {"atol": 1e-30, "rtol": 8e-3}}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5, 300])  # 300: rows spread over threads
+def test_rms_norm_and_add_match_the_torch_path(dtype: torch.dtype, rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    norm = RMSNorm(96, 1e-6).to(dtype)
+    norm.weight.data = torch.rand(96, generator=gen).to(dtype) + 0.5
+    x = (3 * torch.randn(rows, 96, generator=gen)).to(dtype)
+    residual = torch.randn(rows, 96, generator=gen).to(dtype)
+    kernels = load_cpu_kernels()
+    torch.testing.assert_close(norm(x, kernels), norm(x), **CLOSE[dtype])
+    expected, expected_sum = norm.add_and_norm(x, residual)  # the torch path: out of place
+    fused, fused_sum = norm.add_and_norm(x, residual.clone(), kernels)
+    assert torch.equal(fused_sum, expected_sum)  # one rounded add, as torch's
+    torch.testing.assert_close(fused, expected, **CLOSE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul_matches_the_torch_path(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(1)
+    x = (4 * torch.randn(7, 2 * 40, generator=gen)).to(dtype)
+    x[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # exp's clamps, both ways
+    gate, up = x.chunk(2, dim=-1)
+    expected = F.silu(gate) * up
+    torch.testing.assert_close(load_cpu_kernels().silu_and_mul(x), expected, **CLOSE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_matches_the_torch_path(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(2)
+    heads, kv_heads, dim, tokens = 4, 2, 32, 9
+    fused = torch.randn(tokens, heads + 2 * kv_heads, dim, generator=gen).to(dtype)
+    positions = torch.randint(0, 100, (tokens,), generator=gen)
+    config = PretrainedConfig(rope_theta=10000.0)
+    rope = RotaryEmbedding(config, dim, 128).lookup(positions, dtype)
+    expected = fused.clone()
+    apply_rope_(rope, expected[:, : heads + kv_heads])
+    load_cpu_kernels().rotary_(fused[:, : heads + kv_heads], *rope)
+    torch.testing.assert_close(fused, expected, **CLOSE[dtype])
+    assert torch.equal(fused[:, heads + kv_heads :], expected[:, heads + kv_heads :])  # v

@@ -1,5 +1,6 @@
-"""The CPU attention kernels (cpu_attention.cpp): compiled once per machine with g++, cached
-across restarts, called through ctypes.
+"""The CPU kernels: paged attention (cpu_attention.cpp) and the fused small ops between the
+matmuls (cpu_fused.cpp), compiled once per machine with g++, cached across restarts, called
+through ctypes.
 
 No torch headers are involved, so a build takes about a second rather than the minute a
 `torch.utils.cpp_extension` build takes. The shared library is keyed by the source, the
@@ -22,8 +23,11 @@ from typing import Any
 
 import torch
 
-SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+HERE = Path(__file__).parent
+SOURCES = (HERE / "cpu_attention.cpp", HERE / "cpu_fused.cpp")
+HEADERS = (HERE / "cpu_common.h",)
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
+         "-fno-math-errno", "-fno-trapping-math")  # fmt: skip
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _CTYPES: dict[str, Any] = {
     "i": ctypes.c_int,
@@ -59,16 +63,17 @@ def _cpu_flags() -> str:
 
 
 def _build(compiler: str) -> Path:
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_flags().encode())
-    target = cache_dir() / f"cpu_attention-{key.hexdigest()[:16]}.so"
+    key = hashlib.sha256(" ".join(FLAGS).encode() + _cpu_flags().encode())
+    for path in SOURCES + HEADERS:
+        key.update(path.read_bytes())
+    target = cache_dir() / f"cpu_kernels-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
         subprocess.run(
-            [compiler, *FLAGS, str(SOURCE), "-o", str(built)],
+            [compiler, *FLAGS, *map(str, SOURCES), "-o", str(built)],
             check=True,
             capture_output=True,
             text=True,
@@ -87,7 +92,71 @@ class CpuKernels:
         self._decode.argtypes = _signature("i p p q p p q p q q q q q q f i")
         self._store = lib.paged_store_kv
         self._store.argtypes = _signature("i p p q p q q q q")
+        self._norm = lib.fused_add_rms_norm
+        self._norm.argtypes = _signature("i p p p p q q f i")
+        self._silu_mul = lib.fused_silu_and_mul
+        self._silu_mul.argtypes = _signature("i p p q q i")
+        self._rotary = lib.fused_rotary
+        self._rotary.argtypes = _signature("i p q q q q p p i")
         self.library = library
+
+    def rms_norm(
+        self,
+        x: torch.Tensor,  # [rows, dim]
+        weight: torch.Tensor,
+        eps: float,
+        residual: torch.Tensor | None = None,  # [rows, dim]: residual += x, then its norm
+    ) -> torch.Tensor:
+        _check_contiguous(x, weight, *(() if residual is None else (residual,)))
+        if residual is not None and residual.shape != x.shape:
+            raise KernelError(f"residual {tuple(residual.shape)} for x {tuple(x.shape)}")
+        out = torch.empty_like(x)
+        rows, dim = x.shape
+        code = self._norm(
+            DTYPES[x.dtype],
+            out.data_ptr(),
+            None if residual is None else residual.data_ptr(),
+            x.data_ptr(),
+            weight.data_ptr(),
+            rows,
+            dim,
+            eps,
+            torch.get_num_threads(),
+        )
+        _raise_for(code)
+        return out
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of x = [rows, 2 * inter] (gate, then up): [rows, inter]."""
+        _check_contiguous(x)
+        rows, width = x.shape
+        out = x.new_empty((rows, width // 2))
+        code = self._silu_mul(
+            DTYPES[x.dtype], out.data_ptr(), x.data_ptr(), rows, width // 2, torch.get_num_threads()
+        )
+        _raise_for(code)
+        return out
+
+    def rotary_(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
+        """Rotate x [T, heads, dim] in place (a view whose tokens may be strided)."""
+        tokens, heads, dim = x.shape
+        if x.stride(2) != 1 or x.stride(1) != dim:
+            raise KernelError(f"heads of one token must be contiguous, strides {x.stride()}")
+        _check_contiguous(cos, sin_signed, like=x)
+        if cos.numel() != tokens * dim or sin_signed.numel() != tokens * dim:
+            raise KernelError(f"rotary tables of {cos.numel()} values for {tokens} x {dim}")
+        code = self._rotary(
+            DTYPES[x.dtype],
+            x.data_ptr(),
+            x.stride(0),
+            tokens,
+            heads,
+            dim,
+            cos.data_ptr(),
+            sin_signed.data_ptr(),
+            torch.get_num_threads(),
+        )
+        _raise_for(code)
 
     def store_kv(self, kv_cache: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor) -> None:
         """kv: [T, 2 * kv_heads, head_dim], rows of one token may be strided; slots: [T]."""
@@ -157,6 +226,13 @@ def _check_rows(x: torch.Tensor, kv_cache: torch.Tensor) -> None:
         raise KernelError("the KV cache must be contiguous")
 
 
+def _check_contiguous(*tensors: torch.Tensor, like: torch.Tensor | None = None) -> None:
+    dtype = (like if like is not None else tensors[0]).dtype
+    for t in tensors:
+        if not t.is_contiguous() or t.dtype != dtype or dtype not in DTYPES:
+            raise KernelError(f"expected contiguous {dtype} tensors, got {t.dtype}")
+
+
 def _check_index(x: torch.Tensor) -> None:
     if x.dtype != torch.int64 or not x.is_contiguous():
         raise KernelError(f"indices must be contiguous int64, not {x.dtype}")
@@ -178,9 +254,9 @@ def load_cpu_kernels() -> CpuKernels:
     try:
         return CpuKernels(_build(compiler))
     except subprocess.CalledProcessError as exc:
-        raise KernelError(f"{compiler} failed on {SOURCE.name}:\n{exc.stderr}") from exc
+        raise KernelError(f"{compiler} failed on the CPU kernels:\n{exc.stderr}") from exc
     except OSError as exc:  # an unwritable cache, a library that does not load
-        raise KernelError(f"cannot build or load {SOURCE.name}: {exc}") from exc
+        raise KernelError(f"cannot build or load the CPU kernels: {exc}") from exc
 
 
 def select_kernels(backend: str, device: torch.device, dtype: torch.dtype) -> CpuKernels | None:

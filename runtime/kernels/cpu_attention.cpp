@@ -11,58 +11,13 @@
 // Every index that comes from the caller is checked: a bad slot or block id returns an
 // error code instead of touching memory outside the cache.
 
-#include <cmath>
-#include <cstdint>
-#include <cstring>
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "cpu_common.h"
 
 namespace {
-
-inline float to_float(float x) { return x; }
-
-inline float to_float(uint16_t x) {
-  uint32_t bits = uint32_t(x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-inline void store(float x, float* out) { *out = x; }
-
-inline void store(float x, uint16_t* out) {  // round to nearest even, as torch's .to(bf16)
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    *out = 0x7fc0;  // NaN stays NaN
-    return;
-  }
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  *out = uint16_t(bits >> 16);
-}
-
-// exp(x) for the softmax, in a form the compiler vectorizes (std::exp stays a scalar call):
-// Cephes' expf, 2^n * p(r) with |r| <= ln2 / 2, within 2 ulp of expf.
-inline float vector_exp(float x) {
-  x = x < -87.f ? -87.f : x;  // the caller's x <= 0; below this 2^n would be denormal
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const uint32_t bits = uint32_t(int32_t(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  return p * two_n;
-}
 
 constexpr int kTile = 16;  // tokens whose scores are computed together
 
@@ -118,13 +73,6 @@ inline void softmax_rows(float* scores, int64_t group, int64_t len) {
 }
 
 #if defined(__AVX512F__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-
-inline __m512 load16(const uint16_t* p) {  // bfloat16 bits are a float's upper half
-  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
-
 // Lane i of the result is the sum of v[i]'s 16 lanes: a transposing tree of 15 adds, where
 // 16 separate horizontal sums would take ~10 dependent instructions each.
 inline __m512 sum_each(const __m512* v) {
@@ -140,24 +88,6 @@ inline __m512 sum_each(const __m512* v) {
                               _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xEE));
   return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
                        _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
-}
-
-// vector_exp, 16 lanes at a time.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
-  const __m512 n = _mm512_roundscale_ps(
-      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(p, n);  // p * 2^n
 }
 
 inline void softmax_rows_avx512(float* scores, int64_t group, int64_t len) {

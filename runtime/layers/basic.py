@@ -6,18 +6,43 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.kernels.cpu import CpuKernels
+
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm, computed in float32 exactly as Hugging Face does."""
+    """Root-mean-square norm, computed in float32 exactly as Hugging Face does; with the CPU
+    kernels, one pass that rounds where torch's ops round."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)  # one fused kernel
+    def forward(self, x: torch.Tensor, kernels: CpuKernels | None = None) -> torch.Tensor:
+        if self._fused(x, kernels):
+            assert kernels is not None
+            return kernels.rms_norm(x, self.weight, self.eps)
+        normed = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)
         return self.weight * normed.to(x.dtype)
+
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, kernels: CpuKernels | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + x), residual + x): the residual stream's next value and its norm.
+        The kernels update `residual` in place; the torch path leaves it alone."""
+        if self._fused(x, kernels) and residual.is_contiguous():
+            assert kernels is not None
+            return kernels.rms_norm(x, self.weight, self.eps, residual), residual
+        residual = residual + x
+        return self.forward(residual), residual
+
+    def _fused(self, x: torch.Tensor, kernels: CpuKernels | None) -> bool:
+        return (
+            kernels is not None
+            and x.dim() == 2
+            and x.is_contiguous()
+            and x.dtype == self.weight.dtype
+        )
 
 
 class Linear(nn.Linear):

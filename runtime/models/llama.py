@@ -100,7 +100,11 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q_and_k[:, : self.num_heads] = self.q_norm(q_and_k[:, : self.num_heads])
             q_and_k[:, self.num_heads :] = self.k_norm(q_and_k[:, self.num_heads :])
-        apply_rope_(rope, q_and_k)  # in place: q and k stay next to v, ready for the cache
+        # in place: q and k stay next to v, ready for the cache
+        if meta.kernels is None:
+            apply_rope_(rope, q_and_k)
+        else:
+            meta.kernels.rotary_(q_and_k, *rope)
         out = paged_attention(heads, self.num_heads, kv_cache, meta, self.scale)
         return self.o_proj(out.flatten(1))
 
@@ -114,10 +118,23 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, args.mlp_bias, tp)
 
     def forward(
-        self, x: torch.Tensor, rope: Rope, kv_cache: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,  # None in the first layer: x is the embedding
+        rope: Rope,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's output, the residual stream before it): the next layer adds them,
+        fused with its norm, as the residual stream's `x + f(norm(x))` asks."""
+        kernels = meta.kernels
+        if residual is None:
+            residual, h = x, self.input_layernorm(x, kernels)
+        else:
+            h, residual = self.input_layernorm.add_and_norm(x, residual, kernels)
+        h = self.self_attn(h, rope, kv_cache, meta)
+        h, residual = self.post_attention_layernorm.add_and_norm(h, residual, kernels)
+        return self.mlp(h, kernels), residual
 
 
 class LlamaModel(nn.Module):
@@ -161,7 +178,10 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor | None:  # [len(logit_rows), vocab] on tensor-parallel rank 0
         x = self.model.embed_tokens(input_ids)
         rope = self.rotary.lookup(positions, x.dtype)
+        residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            x = layer(x, rope, kv_cache, meta)
-        x = self.model.norm(x[logit_rows])  # norm is per row: skip rows nobody samples
+            x, residual = layer(x, residual, rope, kv_cache, meta)
+        assert residual is not None
+        # norm is per row: skip rows nobody samples
+        x, _ = self.model.norm.add_and_norm(x[logit_rows], residual[logit_rows], meta.kernels)
         return self.lm_head.logits(x)
