@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=0,
-        help="torch threads per worker (default: all cores but one, shared by the workers)",
+        help="torch threads per worker (default: all cores, shared by the workers, less one "
+        "for the frontend when the model has under 20M parameters)",
     )
     serve.add_argument(
         "--attention-backend",

@@ -40,7 +40,8 @@ class EngineConfig:
         enable_prefix_caching: reuse KV blocks of identical prompt prefixes.
         dtype: "auto" (the checkpoint's), "float32", "bfloat16" or "float16".
         device: torch device of the worker ("cpu" or "cuda").
-        num_threads: torch intra-op threads in the worker; 0 means all cores but one.
+        num_threads: torch intra-op threads in the worker; 0: all cores (shared by the
+            workers), less one for the frontend unless the model has 20M parameters or more.
         max_steps_in_flight: steps sent to the worker and not yet answered. 1 waits for each
             result before scheduling the next step; 2 keeps one step queued behind the one
             computing, so scheduling and messaging overlap the forward pass. No more than 2.

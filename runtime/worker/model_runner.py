@@ -52,11 +52,19 @@ class StepOutcome:
     prompt: tuple[Logprobs | None, ...] = ()
 
 
-def default_num_threads(num_workers: int = 1) -> int:
-    """All cores but one, which the schedulers and the frontend need, shared by the workers.
-    On the 2-core dev box a second torch thread made decode steps ~2x slower (OpenMP
-    spin-waits for tiny ops)."""
-    return max(1, (len(os.sched_getaffinity(0)) - 1) // num_workers)
+# Below this many parameters per worker, leave one core to the schedulers and the frontend.
+# Measured on the 2-core dev box (benchmarks/compare.py --variant): the built-in model (5M)
+# served 1.2-1.5x more tokens/s with one worker thread than with two, because its frontend
+# needs about as much CPU as its worker; llama-80m (82M) served 1.13-1.17x more with two,
+# its steps being bound by memory bandwidth, which a second core doubles.
+SMALL_MODEL_PARAMETERS = 20_000_000
+
+
+def default_num_threads(num_workers: int = 1, parameters: int = 0) -> int:
+    """The cores, less one for the frontend unless the model is large, shared by the
+    workers (`parameters`: of this worker's share of the model)."""
+    spare = 1 if parameters < SMALL_MODEL_PARAMETERS else 0
+    return max(1, (len(os.sched_getaffinity(0)) - spare) // num_workers)
 
 
 class ModelRunner:
@@ -70,9 +78,6 @@ class ModelRunner:
         tp: TPGroup = SINGLE,
         device: torch.device | None = None,
     ) -> None:
-        workers = config.data_parallel_size * config.tensor_parallel_size
-        torch.set_num_threads(config.num_threads or default_num_threads(workers))
-        self.num_threads = torch.get_num_threads()
         self.config = config
         self.tp = tp
         self.info = load_model_info(config)
@@ -82,6 +87,10 @@ class ModelRunner:
         args = self.args = ModelArgs.from_hf(self.info.hf_config, self.info.architecture)
         self.model_path = config.model  # where the served weights came from
         self.model: torch.nn.Module | None = self._build_model(config.model, progress)
+        workers = config.data_parallel_size * config.tensor_parallel_size
+        parameters = sum(p.numel() for p in self.model.parameters())
+        torch.set_num_threads(config.num_threads or default_num_threads(workers, parameters))
+        self.num_threads = torch.get_num_threads()
         self.num_kv_heads = kv_heads_per_rank(args.num_kv_heads, tp.size)  # this rank's
         self.num_blocks = self._num_kv_blocks()
         # what rank 0 sampled in its latest step, for the other ranks' tables
