@@ -173,3 +173,16 @@ def test_rotary_matches_the_torch_path(dtype: torch.dtype) -> None:
     load_cpu_kernels().rotary_(fused[:, : heads + kv_heads], *rope)
     torch.testing.assert_close(fused, expected, **CLOSE[dtype])
     assert torch.equal(fused[:, heads + kv_heads :], expected[:, heads + kv_heads :])  # v
+
+
+@pytest.mark.parametrize("shape", [(32, 4096), (3, 37), (1, 16)])
+def test_greedy_pick_matches_argmax_and_log_softmax(shape: tuple[int, int]) -> None:
+    gen = torch.Generator().manual_seed(3)
+    logits = 3 * torch.randn(*shape, generator=gen)
+    logits[0, 2] = logits[0, shape[1] - 1] = logits[0].max() + 1  # a tie: the first index wins
+    tokens, logprobs = load_cpu_kernels().greedy(logits)
+    assert torch.equal(tokens, logits.argmax(dim=-1))
+    expected = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    torch.testing.assert_close(logprobs, expected)
+    with pytest.raises(KernelError, match="float32"):
+        load_cpu_kernels().greedy(logits.to(torch.bfloat16))

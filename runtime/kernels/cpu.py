@@ -1,6 +1,6 @@
-"""The CPU kernels: paged attention (cpu_attention.cpp) and the fused small ops between the
-matmuls (cpu_fused.cpp), compiled once per machine with g++, cached across restarts, called
-through ctypes.
+"""The CPU kernels: paged attention (cpu_attention.cpp), the fused small ops between the
+matmuls (cpu_fused.cpp) and greedy sampling (cpu_sampling.cpp), compiled once per machine
+with g++, cached across restarts, called through ctypes.
 
 No torch headers are involved, so a build takes about a second rather than the minute a
 `torch.utils.cpp_extension` build takes. The shared library is keyed by the source, the
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "cpu_attention.cpp", HERE / "cpu_fused.cpp")
+SOURCES = (HERE / "cpu_attention.cpp", HERE / "cpu_fused.cpp", HERE / "cpu_sampling.cpp")
 HEADERS = (HERE / "cpu_common.h",)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
          "-fno-math-errno", "-fno-trapping-math")  # fmt: skip
@@ -98,7 +98,20 @@ class CpuKernels:
         self._silu_mul.argtypes = _signature("i p p q q i")
         self._rotary = lib.fused_rotary
         self._rotary.argtypes = _signature("i p q q q q p p i")
+        self._greedy = lib.greedy_pick
+        self._greedy.argtypes = _signature("p q q p p")
+        self._greedy.restype = None
         self.library = library
+
+    def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(argmax [B] int64, its log-probability [B]) of float32 logits [B, vocab]."""
+        if logits.dtype != torch.float32 or not logits.is_contiguous() or logits.dim() != 2:
+            raise KernelError(f"expected contiguous float32 [B, vocab] logits, got {logits.dtype}")
+        rows, vocab = logits.shape
+        tokens = torch.empty(rows, dtype=torch.int64)
+        logprobs = torch.empty(rows, dtype=torch.float32)
+        self._greedy(logits.data_ptr(), rows, vocab, tokens.data_ptr(), logprobs.data_ptr())
+        return tokens, logprobs
 
     def rms_norm(
         self,

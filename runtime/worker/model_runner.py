@@ -325,7 +325,7 @@ class ModelRunner:
         """Token ids, their log-probabilities, and the top ones where asked."""
         asking = self.processors.asking
         if not self.processed_logprobs and (not asking or asking.isdisjoint(seq_ids)):
-            tokens, token_logprobs = sample(logits, batch)  # nothing asked: the plain path
+            tokens, token_logprobs = sample(logits, batch, self.kernels)  # the plain path
             return tokens.tolist(), token_logprobs.tolist(), ()
         params = [seq.params for seq in seqs]
         processes = any(p.processes_logits for p in params)

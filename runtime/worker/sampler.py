@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.kernels.cpu import CpuKernels
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -65,11 +67,15 @@ def make_sampling_batch(
     )
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(
+    logits: torch.Tensor, batch: SamplingBatch, kernels: CpuKernels | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row of `logits` [B, vocab] (float32).
 
     Returns (token ids [B], their log-probabilities under the unmodified model distribution).
     """
+    if kernels is not None and batch.all_greedy and logits.is_contiguous():
+        return kernels.greedy(logits)  # one pass for the argmax, one for the log-sum-exp
     logprobs = torch.log_softmax(logits, dim=-1)
     tokens, _ = choose(logits, batch)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
