@@ -168,7 +168,9 @@ def _hf_timed(model: Any, ids: Any, output_len: int) -> dict[str, Any]:
     }
 
 
-def measure(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+def measure(
+    args: argparse.Namespace,
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
     """Every level, every system; repeats interleave the systems, because this machine's
     speed drifts by tens of percent over minutes and would otherwise favor whoever ran first."""
     with contextlib.ExitStack() as stack:
@@ -209,7 +211,18 @@ def measure(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
                 results[name].append(combine(runs[name]))
                 spread = ", ".join(f"{t:.0f}" for t in results[name][-1]["all_throughputs"])
                 print(f"  {name} c={concurrency}: runs {spread} tok/s", flush=True)
-        return results
+        footprint = {
+            s.name: {"startup_s": s.startup_seconds, "peak_rss_mib": s.peak_rss_by_process()}
+            for s in running
+        }
+        return results, footprint
+
+
+def print_footprint(footprint: dict[str, dict[str, Any]]) -> None:
+    print("\nstartup (launch to serving) and peak RSS per process")
+    for name, f in footprint.items():
+        rss = ", ".join(f"{p} {mib:.0f} MiB" for p, mib in sorted(f["peak_rss_mib"].items()))
+        print(f"  {name:>12}: {f['startup_s']:.1f} s; {rss}")
 
 
 def model_label(args: argparse.Namespace) -> str:
@@ -338,11 +351,12 @@ def main() -> None:
         args.model = str(builtin_model_dir())
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results = measure(args)
+    results, footprint = measure(args)
     print_table(args, results)
     print_time_split(args, results)
+    print_footprint(footprint)
     (out / "compare.json").write_text(
-        json.dumps({"args": vars(args), "results": results}, indent=2)
+        json.dumps({"args": vars(args), "results": results, "footprint": footprint}, indent=2)
     )
     plot(args, results, out / "compare.png")
 

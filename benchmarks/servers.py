@@ -1,4 +1,5 @@
-"""Start and stop OpenAI-compatible servers for benchmarks, and account their CPU time."""
+"""Start and stop OpenAI-compatible servers for benchmarks, and account their startup time,
+CPU time and peak memory."""
 
 from __future__ import annotations
 
@@ -48,6 +49,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def peak_rss_mib(pid: int) -> float:
+    """The most resident memory one process has held (VmHWM), in MiB (0 if it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def process_name(pid: int) -> str:
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -89,16 +101,19 @@ class Server:
             start_new_session=True,
             cwd=cwd,
         )
-        deadline = time.monotonic() + startup_timeout
+        self.startup_seconds = 0.0
+        started = time.monotonic()
+        deadline = started + startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{name} exited; see {self.log_path}")
             try:
                 if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
+                    self.startup_seconds = time.monotonic() - started  # launch to serving
                     return
             except httpx.HTTPError:
                 pass
-            time.sleep(1)
+            time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"{name} did not start in {startup_timeout:.0f} s; see {self.log_path}")
 
@@ -108,6 +123,14 @@ class Server:
             name = process_name(pid)
             usage[name] = usage.get(name, 0.0) + cpu_seconds(pid)
         return usage
+
+    def peak_rss_by_process(self) -> dict[str, float]:
+        """Peak RSS in MiB per process name (summed over processes of one name)."""
+        peaks: dict[str, float] = {}
+        for pid in process_tree(self.process.pid):
+            name = process_name(pid)
+            peaks[name] = peaks.get(name, 0.0) + peak_rss_mib(pid)
+        return {name: mib for name, mib in peaks.items() if mib > 0}
 
     def stop(self) -> None:
         if self.process.poll() is None:
