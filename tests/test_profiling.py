@@ -39,7 +39,12 @@ async def test_a_profile_until_stopped(server: ServerProcess, tmp_path: Path) ->
             await client.stop_profile()  # none runs
     names = {e.get("name") for e in events(tmp_path / "worker-rank0.trace.json")}
     # the model's ops: torch's, or our CPU kernels (named by a record_function)
-    model_ops = {"aten::linear", "aten::rms_norm", "runtime::rms_norm", "runtime::paged_decode"}
+    model_ops = {
+        "aten::linear",
+        "aten::rms_norm",
+        "runtime::fused_add_rms_norm",
+        "runtime::paged_decode",
+    }
     assert model_ops & names, sorted(n for n in names if n)[:40]
     assert any("mm" in (n or "") or "linear" in (n or "") for n in names)  # the matmuls
     phases = {e["name"] for e in events(tmp_path / "scheduler-rank0.trace.json")}

@@ -29,18 +29,18 @@ HEADERS = (HERE / "cpu_common.h",)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
          "-fno-math-errno", "-fno-trapping-math")  # fmt: skip
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
-_CTYPES: dict[str, Any] = {
-    "i": ctypes.c_int,
-    "q": ctypes.c_int64,
-    "f": ctypes.c_float,
-    "p": ctypes.c_void_p,
+# Each C entry point's arguments, as the .cpp files declare them: i int, q int64, f float,
+# p pointer. Every one returns an int: 0, or a code for `_raise_for`.
+SIGNATURES = {
+    "paged_decode": "i p p q p p q p q q q q q q f i",
+    "paged_store_kv": "i p p q p q q q q",
+    "fused_add_rms_norm": "i p p p p q q f i",
+    "fused_silu_and_mul": "i p p q q i",
+    "fused_rotary": "i p q q q q p p i",
+    "greedy_pick": "p q q p p",
 }
+_CTYPES = {"i": ctypes.c_int, "q": ctypes.c_int64, "f": ctypes.c_float, "p": ctypes.c_void_p}
 log = logging.getLogger(__name__)
-
-
-def _signature(codes: str) -> list[Any]:
-    """ctypes argument types from letters: i int, q int64, f float, p pointer."""
-    return [_CTYPES[code] for code in codes.split()]
 
 
 class KernelError(RuntimeError):
@@ -87,21 +87,22 @@ class CpuKernels:
 
     def __init__(self, library: Path) -> None:
         lib = ctypes.CDLL(str(library))
-        # argument types as cpu_attention.cpp declares them (ctypes converts ints and floats)
-        self._decode = lib.paged_decode
-        self._decode.argtypes = _signature("i p p q p p q p q q q q q q f i")
-        self._store = lib.paged_store_kv
-        self._store.argtypes = _signature("i p p q p q q q q")
-        self._norm = lib.fused_add_rms_norm
-        self._norm.argtypes = _signature("i p p p p q q f i")
-        self._silu_mul = lib.fused_silu_and_mul
-        self._silu_mul.argtypes = _signature("i p p q q i")
-        self._rotary = lib.fused_rotary
-        self._rotary.argtypes = _signature("i p q q q q p p i")
-        self._greedy = lib.greedy_pick
-        self._greedy.argtypes = _signature("p q q p p")
-        self._greedy.restype = None
+        self._functions: dict[str, Any] = {}
+        for name, codes in SIGNATURES.items():
+            function = getattr(lib, name)
+            function.argtypes = [_CTYPES[code] for code in codes.split()]
+            self._functions[name] = function
         self.library = library
+
+    def _call(self, name: str, *args: Any) -> None:
+        """Run one kernel; under torch.profiler it shows as `runtime::<name>` (otherwise a
+        check of ~0.1 us, where a record_function would cost microseconds every call)."""
+        function = self._functions[name]
+        if torch._C._autograd._profiler_enabled():
+            with torch.profiler.record_function(f"runtime::{name}"):
+                _raise_for(function(*args))
+        else:
+            _raise_for(function(*args))
 
     def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(argmax [B] int64, its log-probability [B]) of float32 logits [B, vocab]."""
@@ -110,9 +111,8 @@ class CpuKernels:
         rows, vocab = logits.shape
         tokens = torch.empty(rows, dtype=torch.int64)
         logprobs = torch.empty(rows, dtype=torch.float32)
-        _run(
-            "greedy",
-            self._greedy,
+        self._call(
+            "greedy_pick",
             logits.data_ptr(),
             rows,
             vocab,
@@ -133,9 +133,8 @@ class CpuKernels:
             raise KernelError(f"residual {tuple(residual.shape)} for x {tuple(x.shape)}")
         out = torch.empty_like(x)
         rows, dim = x.shape
-        code = _run(
-            "rms_norm",
-            self._norm,
+        self._call(
+            "fused_add_rms_norm",
             DTYPES[x.dtype],
             out.data_ptr(),
             None if residual is None else residual.data_ptr(),
@@ -146,7 +145,6 @@ class CpuKernels:
             eps,
             torch.get_num_threads(),
         )
-        _raise_for(code)
         return out
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
@@ -154,9 +152,8 @@ class CpuKernels:
         _check_contiguous(x)
         rows, width = x.shape
         out = x.new_empty((rows, width // 2))
-        code = _run(
-            "silu_and_mul",
-            self._silu_mul,
+        self._call(
+            "fused_silu_and_mul",
             DTYPES[x.dtype],
             out.data_ptr(),
             x.data_ptr(),
@@ -164,20 +161,17 @@ class CpuKernels:
             width // 2,
             torch.get_num_threads(),
         )
-        _raise_for(code)
         return out
 
     def rotary_(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
         """Rotate x [T, heads, dim] in place (a view whose tokens may be strided)."""
         tokens, heads, dim = x.shape
-        if x.stride(2) != 1 or x.stride(1) != dim:
-            raise KernelError(f"heads of one token must be contiguous, strides {x.stride()}")
+        _check_heads_packed(x)
         _check_contiguous(cos, sin_signed, like=x)
         if cos.numel() != tokens * dim or sin_signed.numel() != tokens * dim:
             raise KernelError(f"rotary tables of {cos.numel()} values for {tokens} x {dim}")
-        code = _run(
-            "rotary",
-            self._rotary,
+        self._call(
+            "fused_rotary",
             DTYPES[x.dtype],
             x.data_ptr(),
             x.stride(0),
@@ -188,16 +182,14 @@ class CpuKernels:
             sin_signed.data_ptr(),
             torch.get_num_threads(),
         )
-        _raise_for(code)
 
     def store_kv(self, kv_cache: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor) -> None:
         """kv: [T, 2 * kv_heads, head_dim], rows of one token may be strided; slots: [T]."""
         tokens, heads, dim = kv.shape
         _check_rows(kv, kv_cache)
         _check_index(slots)
-        code = _run(
-            "store_kv",
-            self._store,
+        self._call(
+            "paged_store_kv",
             DTYPES[kv_cache.dtype],
             kv_cache.data_ptr(),
             kv.data_ptr(),
@@ -208,7 +200,6 @@ class CpuKernels:
             kv_cache.shape[2] * kv_cache.shape[3],
             dim,
         )
-        _raise_for(code)
 
     def decode(
         self,
@@ -228,9 +219,8 @@ class CpuKernels:
             )
         out = q.new_empty((batch, heads, dim))
         _, kv_heads, num_blocks, block_size, _ = kv_cache.shape
-        code = _run(
+        self._call(
             "paged_decode",
-            self._decode,
             DTYPES[kv_cache.dtype],
             out.data_ptr(),
             q.data_ptr(),
@@ -248,27 +238,21 @@ class CpuKernels:
             scale,
             torch.get_num_threads(),  # torch's setting; OpenMP's own is per OS thread
         )
-        _raise_for(code)
         return out
 
 
-def _check_rows(x: torch.Tensor, kv_cache: torch.Tensor) -> None:
+def _check_heads_packed(x: torch.Tensor) -> None:
     """The kernels step over tokens by stride(0) and expect each token's heads packed."""
     if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
         raise KernelError(f"heads of one token must be contiguous, strides {x.stride()}")
+
+
+def _check_rows(x: torch.Tensor, kv_cache: torch.Tensor) -> None:
+    _check_heads_packed(x)
     if x.dtype != kv_cache.dtype or kv_cache.dtype not in DTYPES:
         raise KernelError(f"dtype {x.dtype} with a {kv_cache.dtype} cache")
     if not kv_cache.is_contiguous():
         raise KernelError("the KV cache must be contiguous")
-
-
-def _run(name: str, kernel: Any, *args: Any) -> Any:
-    """Call a kernel; under torch.profiler it shows as `runtime::<name>` (a check of ~0.1 us
-    otherwise, where a record_function would cost microseconds on every call)."""
-    if torch._C._autograd._profiler_enabled():
-        with torch.profiler.record_function(f"runtime::{name}"):
-            return kernel(*args)
-    return kernel(*args)
 
 
 def _check_contiguous(*tensors: torch.Tensor, like: torch.Tensor | None = None) -> None:

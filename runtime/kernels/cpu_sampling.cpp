@@ -51,9 +51,9 @@ void pick_and_sum(const float* x, int64_t n, float top, int64_t* index, float* s
 extern "C" {
 
 // logits [rows, vocab] float32, contiguous. tokens[r]: the argmax; logprobs[r]: its
-// log-probability under softmax(logits[r]).
-void greedy_pick(const float* logits, int64_t rows, int64_t vocab, int64_t* tokens,
-                 float* logprobs) {
+// log-probability under softmax(logits[r]). Returns 0, as every kernel here returns a code.
+int greedy_pick(const float* logits, int64_t rows, int64_t vocab, int64_t* tokens,
+                float* logprobs) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = logits + r * vocab;
     const float top = row_max(x, vocab);
@@ -61,6 +61,7 @@ void greedy_pick(const float* logits, int64_t rows, int64_t vocab, int64_t* toke
     pick_and_sum(x, vocab, top, tokens + r, &sum);
     logprobs[r] = x[tokens[r]] - top - std::log(sum);
   }
+  return 0;
 }
 
 }  // extern "C"
