@@ -185,10 +185,11 @@ def measure(
                 )
             )
         for variant in args.variant:  # our server again, with other flags
-            name, _, flags = variant.partition("=")
-            extra = shlex.split(flags)
+            name, env, extra = parse_variant(variant)
             running.append(
-                stack.enter_context(servers.ours(args.model, args.dtype, "tiny", extra, name=name))
+                stack.enter_context(
+                    servers.ours(args.model, args.dtype, "tiny", extra, name=name, env=env)
+                )
             )
         if args.vllm_venv:
             running.append(
@@ -216,6 +217,17 @@ def measure(
             for s in running
         }
         return results, footprint
+
+
+def parse_variant(variant: str) -> tuple[str, dict[str, str], list[str]]:
+    """NAME=[VAR=VALUE ...] FLAGS: a name, environment variables, then flags for the server."""
+    name, _, rest = variant.partition("=")
+    words = shlex.split(rest)
+    env = {}
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        key, _, value = words.pop(0).partition("=")
+        env[key] = value
+    return name, env, words
 
 
 def print_footprint(footprint: dict[str, dict[str, Any]]) -> None:
@@ -341,7 +353,8 @@ def main() -> None:
         action="append",
         default=[],
         metavar="NAME=FLAGS",
-        help="also serve ours with these flags, e.g. threads2='--threads 2' (repeatable)",
+        help="also serve ours with these environment variables and flags, e.g. "
+        "threads2='--threads 2' or spin='OMP_WAIT_POLICY=ACTIVE --threads 2' (repeatable)",
     )
     parser.add_argument("--out-dir", default="out/compare")
     args = parser.parse_args()

@@ -155,13 +155,15 @@ def ours(
     extra: list[str] | None = None,
     checkout: str | None = None,
     name: str = "ours",
+    env: dict[str, str] | None = None,
 ) -> Server:
-    """Our server; from another checkout of the repository (an older commit) if given."""
+    """Our server; from another checkout of the repository (an older commit) if given, with
+    `env` added to the environment."""
     port = free_port()
     command = [sys.executable, "-m", "runtime.cli", "serve", "--model", model, "--port",
                str(port), "--dtype", dtype, "--served-model-name", served, "--max-num-seqs",
                "256", "--log-level", "warning", *(extra or [])]  # fmt: skip
-    env = {"PYTHONPATH": str(Path(checkout).resolve())} if checkout else None
+    env = (env or {}) | ({"PYTHONPATH": str(Path(checkout).resolve())} if checkout else {})
     return Server(name, command, port, env=env, cwd=checkout)
 
 

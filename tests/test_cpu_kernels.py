@@ -53,6 +53,14 @@ def random_case(
     return fused[:, :heads], cache, tables, lens
 
 
+def poison_past_the_end(cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor) -> None:
+    """NaN in the slots of each sequence's last block past its length: a kernel that reads
+    them (even with a zero weight) returns NaN."""
+    block_size = cache.shape[3]
+    for table, n in zip(tables.tolist(), lens.tolist(), strict=True):
+        cache[:, :, table[(n - 1) // block_size], (n - 1) % block_size + 1 :] = torch.nan
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim", "block_size", "longest"),
@@ -68,6 +76,7 @@ def test_decode_matches_float64_reference(
     dtype: torch.dtype, heads: int, kv_heads: int, dim: int, block_size: int, longest: int
 ) -> None:
     q, cache, tables, lens = random_case(5, heads, kv_heads, dim, block_size, longest, dtype)
+    poison_past_the_end(cache, tables, lens)
     scale = dim**-0.5
     out = load_cpu_kernels().decode(q, cache, tables, lens, scale)
     expected = reference(q, cache, tables, lens, scale)

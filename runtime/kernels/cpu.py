@@ -25,7 +25,7 @@ import torch
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "cpu_attention.cpp", HERE / "cpu_fused.cpp", HERE / "cpu_sampling.cpp")
-HEADERS = (HERE / "cpu_common.h",)
+HEADERS = (HERE / "cpu_common.h", HERE / "cpu_attention_tiles.h")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
          "-fno-math-errno", "-fno-trapping-math")  # fmt: skip
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}

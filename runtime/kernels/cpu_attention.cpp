@@ -3,10 +3,10 @@
 // The KV cache of one layer is [2, kv_heads, num_blocks, block_size, head_dim] (see
 // runtime/layers/attention.py). Plain C ABI, loaded with ctypes: no torch headers, so it
 // compiles in about a second. Element types: float32 and bfloat16 (as raw uint16 bits);
-// all arithmetic is float32, as torch's softmax(dtype=float32) path. With AVX-512 and a
-// head_dim of 64 or 128 the inner loops are written with intrinsics (16 tokens' scores come
-// out of one transposing reduction); elsewhere plain loops that -O3 vectorizes. OpenMP
-// (torch's own libgomp, already loaded) splits the (sequence, kv head) pairs over threads.
+// scores and sums are float32, as torch's softmax(dtype=float32) path. With AVX-512 and a
+// head_dim of 64 or 128 the inner loops are written with intrinsics (cpu_attention_tiles.h);
+// elsewhere plain loops that -O3 vectorizes. OpenMP (torch's own libgomp, already loaded)
+// splits the (sequence, kv head) pairs over threads.
 //
 // Every index that comes from the caller is checked: a bad slot or block id returns an
 // error code instead of touching memory outside the cache.
@@ -15,146 +15,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu_attention_tiles.h"
 #include "cpu_common.h"
 
 namespace {
-
-constexpr int kTile = 16;  // tokens whose scores are computed together
-
-// A tile of `n` <= kTile consecutive cached tokens (rows of head_dim) of one block.
-// qk_tile: their scores against the group's queries (`qf`, scaled, group x dim), written to
-// scores[g * len + i]. pv_tile: adds their values, weighted by probs[g * len + i], to `acc`
-// (group x dim). `tile` is kTile x dim floats of scratch.
-template <typename T, int kDim>
-void qk_tile(const float* __restrict qf, const T* rows, int n, int64_t group, int64_t dim_rt,
-             float* __restrict scores, int64_t len, float* __restrict tile) {
-  const int64_t dim = kDim > 0 ? kDim : dim_rt;
-  for (int i = 0; i < n; ++i)
-    for (int64_t d = 0; d < dim; ++d) tile[i * dim + d] = to_float(rows[i * dim + d]);
-  for (int64_t g = 0; g < group; ++g)
-    for (int i = 0; i < n; ++i) {
-      float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t d = 0; d < dim; ++d) dot += qf[g * dim + d] * tile[i * dim + d];
-      scores[g * len + i] = dot;
-    }
-}
-
-template <typename T, int kDim>
-void pv_tile(const float* __restrict probs, const T* rows, int n, int64_t group, int64_t dim_rt,
-             int64_t len, float* __restrict acc, float* __restrict tile) {
-  const int64_t dim = kDim > 0 ? kDim : dim_rt;
-  for (int i = 0; i < n; ++i)
-    for (int64_t d = 0; d < dim; ++d) tile[i * dim + d] = to_float(rows[i * dim + d]);
-  for (int64_t g = 0; g < group; ++g)
-    for (int i = 0; i < n; ++i) {
-      const float p = probs[g * len + i];
-#pragma omp simd
-      for (int64_t d = 0; d < dim; ++d) acc[g * dim + d] += p * tile[i * dim + d];
-    }
-}
-
-// Each of the `group` rows of `scores` (len floats) becomes its softmax.
-inline void softmax_rows(float* scores, int64_t group, int64_t len) {
-  for (int64_t g = 0; g < group; ++g) {
-    float* __restrict s = scores + g * len;
-    float top = -INFINITY;
-    for (int64_t t = 0; t < len; ++t) top = s[t] > top ? s[t] : top;
-    float total = 0.f;
-#pragma omp simd reduction(+ : total)
-    for (int64_t t = 0; t < len; ++t) {
-      s[t] = vector_exp(s[t] - top);
-      total += s[t];
-    }
-    const float inv = 1.f / total;
-#pragma omp simd
-    for (int64_t t = 0; t < len; ++t) s[t] *= inv;
-  }
-}
-
-#if defined(__AVX512F__)
-// Lane i of the result is the sum of v[i]'s 16 lanes: a transposing tree of 15 adds, where
-// 16 separate horizontal sums would take ~10 dependent instructions each.
-inline __m512 sum_each(const __m512* v) {
-  __m512 pairs[8], quads[4], halves[2];
-  for (int i = 0; i < 8; ++i)  // per 128-bit lane: (a, b, a, b)
-    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i)  // per 128-bit lane: (a, b, c, d)
-    quads[i] = _mm512_add_ps(_mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], 0x44),
-                             _mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], 0xEE));
-  for (int i = 0; i < 2; ++i)  // 128-bit lanes: (0-3, 0-3, 4-7, 4-7) + 8 * i
-    halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0x44),
-                              _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xEE));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
-                       _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
-}
-
-inline void softmax_rows_avx512(float* scores, int64_t group, int64_t len) {
-  for (int64_t g = 0; g < group; ++g) {
-    float* s = scores + g * len;
-    __m512 top = _mm512_set1_ps(-INFINITY);
-    for (int64_t t = 0; t < len; t += 16) {
-      const __mmask16 m = len - t >= 16 ? __mmask16(0xffff) : __mmask16((1u << (len - t)) - 1u);
-      top = _mm512_mask_max_ps(top, m, top, _mm512_maskz_loadu_ps(m, s + t));
-    }
-    const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-    __m512 total = _mm512_setzero_ps();
-    for (int64_t t = 0; t < len; t += 16) {
-      const __mmask16 m = len - t >= 16 ? __mmask16(0xffff) : __mmask16((1u << (len - t)) - 1u);
-      const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + t), max));
-      _mm512_mask_storeu_ps(s + t, m, e);
-      total = _mm512_mask_add_ps(total, m, total, e);
-    }
-    const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(total));
-    for (int64_t t = 0; t < len; t += 16) {
-      const __mmask16 m = len - t >= 16 ? __mmask16(0xffff) : __mmask16((1u << (len - t)) - 1u);
-      _mm512_mask_storeu_ps(s + t, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + t), inv));
-    }
-  }
-}
-
-template <typename T, int kDim>
-void qk_tile_avx512(const float* __restrict qf, const T* rows, int n, int64_t group,
-                    float* __restrict scores, int64_t len, float* __restrict tile) {
-  constexpr int kChunks = kDim / 16;
-  for (int i = 0; i < n; ++i)
-    for (int c = 0; c < kChunks; ++c)
-      _mm512_storeu_ps(tile + i * kDim + 16 * c, load16(rows + i * kDim + 16 * c));
-  const __mmask16 valid = __mmask16((1u << n) - 1u);
-  for (int64_t g = 0; g < group; ++g) {
-    __m512 q[kChunks], dots[kTile];
-    for (int c = 0; c < kChunks; ++c) q[c] = _mm512_loadu_ps(qf + g * kDim + 16 * c);
-    for (int i = 0; i < kTile; ++i) {
-      __m512 dot = _mm512_setzero_ps();
-      if (i < n)
-        for (int c = 0; c < kChunks; ++c)
-          dot = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(tile + i * kDim + 16 * c), dot);
-      dots[i] = dot;
-    }
-    _mm512_mask_storeu_ps(scores + g * len, valid, sum_each(dots));
-  }
-}
-
-template <typename T, int kDim>
-void pv_tile_avx512(const float* __restrict probs, const T* rows, int n, int64_t group,
-                    int64_t len, float* __restrict acc, float* __restrict tile) {
-  constexpr int kChunks = kDim / 16;
-  for (int i = 0; i < n; ++i)
-    for (int c = 0; c < kChunks; ++c)
-      _mm512_storeu_ps(tile + i * kDim + 16 * c, load16(rows + i * kDim + 16 * c));
-  for (int64_t g = 0; g < group; ++g) {
-    __m512 sum[kChunks];
-    for (int c = 0; c < kChunks; ++c) sum[c] = _mm512_loadu_ps(acc + g * kDim + 16 * c);
-    for (int i = 0; i < n; ++i) {
-      const __m512 p = _mm512_set1_ps(probs[g * len + i]);
-      for (int c = 0; c < kChunks; ++c)
-        sum[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(tile + i * kDim + 16 * c), sum[c]);
-    }
-    for (int c = 0; c < kChunks; ++c) _mm512_storeu_ps(acc + g * kDim + 16 * c, sum[c]);
-  }
-}
-#endif
 
 struct Decode {  // one call's arguments, as paged_decode received them
   void* out;
@@ -181,8 +45,14 @@ struct Scratch {
 template <typename T, typename F>
 void for_each_tile(const T* plane, const int64_t* table, int64_t len, int64_t block_size,
                    int64_t dim, F f) {
+  const int64_t block_bytes = block_size * dim * int64_t(sizeof(T));
   for (int64_t start = 0; start < len; start += block_size) {
     const T* block = plane + table[start / block_size] * block_size * dim;
+    if (start + block_size < len) {  // blocks lie anywhere: fetch the next one meanwhile
+      const char* next = reinterpret_cast<const char*>(plane + table[start / block_size + 1] *
+                                                                   block_size * dim);
+      for (int64_t line = 0; line < block_bytes; line += 64) __builtin_prefetch(next + line);
+    }
     const int64_t in_block = len - start < block_size ? len - start : block_size;
     for (int64_t off = 0; off < in_block; off += kTile) {
       const int n = int(in_block - off < kTile ? in_block - off : kTile);
@@ -229,6 +99,41 @@ void attend_group(const Decode& a, int64_t b, int64_t h, Scratch& s) {
   for (int64_t i = 0; i < group * dim; ++i) store(s.acc[i], out + i);
 }
 
+#if defined(__AVX512BF16__)
+// attend_group for bfloat16, with the AVX512-BF16 tiles.
+template <int kDim>
+void attend_group_bf16(const Decode& a, int64_t b, int64_t h, Scratch& s) {
+  const int64_t group = a.num_heads / a.kv_heads, len = a.lens[b], first_head = h * group;
+  const int64_t plane = a.num_blocks * a.block_size * kDim;
+  const auto* cache = static_cast<const uint16_t*>(a.cache);
+  const auto* q = static_cast<const uint16_t*>(a.q) + b * a.q_token_stride + first_head * kDim;
+  const int64_t* table = a.tables + b * a.table_width;
+  float* scores = s.scores.data();
+  for_each_tile(cache + h * plane, table, len, a.block_size, kDim,
+                [&](const uint16_t* rows, int n, int64_t first) {
+                  qk_tile_bf16<kDim>(q, a.scale, rows, n, group, scores + first, len);
+                });
+  softmax_rows_avx512(scores, group, len);
+  std::fill(s.acc.begin(), s.acc.end(), 0.f);
+  for_each_tile(cache + (a.kv_heads + h) * plane, table, len, a.block_size, kDim,
+                [&](const uint16_t* rows, int n, int64_t first) {
+                  pv_tile_bf16<kDim>(scores + first, rows, n, group, len, s.acc.data());
+                });
+  auto* out = static_cast<uint16_t*>(a.out) + (b * a.num_heads + first_head) * kDim;
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t d = 0; d < kDim; ++d) store(s.acc[g * kDim + interleaved(d)], out + g * kDim + d);
+}
+#endif
+
+// One (sequence, kv head), by the fastest variant this CPU has for T and head_dim.
+template <typename T, int kDim, bool kAvx512>
+void attend(const Decode& a, int64_t b, int64_t h, Scratch& s) {
+#if defined(__AVX512BF16__)
+  if constexpr (kAvx512 && sizeof(T) == 2) return attend_group_bf16<kDim>(a, b, h, s);
+#endif
+  attend_group<T, kDim, kAvx512>(a, b, h, s);
+}
+
 template <typename T, int kDim, bool kAvx512>
 void decode(const Decode& a) {
   int64_t longest = 0;
@@ -239,7 +144,7 @@ void decode(const Decode& a) {
     Scratch scratch(group, longest, a.dim);
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int64_t b = 0; b < a.batch; ++b)
-      for (int64_t h = 0; h < a.kv_heads; ++h) attend_group<T, kDim, kAvx512>(a, b, h, scratch);
+      for (int64_t h = 0; h < a.kv_heads; ++h) attend<T, kDim, kAvx512>(a, b, h, scratch);
   }
 }
 
