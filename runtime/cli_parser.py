@@ -17,7 +17,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     serve.add_argument("--served-model-name", help="the model name clients use")
     serve.add_argument("--max-num-seqs", type=int, default=128)
-    serve.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    serve.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=0,
+        help="token budget of one step; 0: 512 on CPU, 2048 on a GPU",
+    )
     serve.add_argument("--max-model-len", type=int, default=0, help="0: the model's own limit")
     serve.add_argument("--kv-cache-memory", default="256MiB", help="KV pool size, e.g. 2GiB")
     serve.add_argument("--block-size", type=int, default=16)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cli import api_key, build_parser, raise_open_file_limit
+from runtime.cli import api_key, build_parser, engine_config, raise_open_file_limit
+from runtime.config import EngineConfig
 
 
 @pytest.mark.parametrize(
@@ -43,6 +44,25 @@ def test_connection_bounds_must_be_positive(
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", flag, value])
     assert "must be positive" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "budget"),
+    [
+        ([], 512),  # a CPU takes ~0.15 s per 512 tokens of a 100M model: short steps
+        (["--device", "cuda"], 2048),
+        (["--max-num-batched-tokens", "96"], 96),
+    ],
+)
+def test_the_token_budget_defaults_by_device(argv: list[str], budget: int) -> None:
+    config = engine_config(build_parser().parse_args(["serve", *argv]))
+    assert config.max_num_batched_tokens == budget
+    assert EngineConfig.from_dict(config.to_dict()) == config  # the children get the same
+
+
+def test_a_negative_token_budget_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_num_batched_tokens must be positive"):
+        EngineConfig(model="m", max_num_batched_tokens=-1)
 
 
 @pytest.fixture

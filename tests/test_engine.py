@@ -35,7 +35,9 @@ async def test_abort_100_of_200_in_flight_frees_every_block(llama_dir: Path, mod
     async def request(engine: Engine, i: int) -> None:
         nonlocal started
         abandon = i % 2 == 1  # the odd half gets abandoned mid-generation
-        params = SamplingParams(max_tokens=300 if abandon else 24, temperature=0.0)
+        # ignore_eos: only abandonment or the length ends a request (an abandoned one that
+        # sampled EOS before the last request started would finish on its own)
+        params = SamplingParams(max_tokens=300 if abandon else 24, temperature=0.0, ignore_eos=True)
         with trio.CancelScope() as scope:
             async for out in engine.generate(prompts[i], params):
                 if out.finished:
