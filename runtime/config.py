@@ -27,8 +27,8 @@ def default_token_budget(device: str) -> int:
     """Tokens one step may compute when the user did not say. A step holds up every decode
     in it, so the budget is a time: on a 2-core CPU, 2048 prefill tokens of a 100M model
     take ~0.6 s, 512 take ~0.15 s. Measured with benchmarks/compare.py (README, "CPU
-    kernels"): at concurrency 8 and 32, 512 cut TTFT p50 by 10-45% at equal throughput;
-    a lone 1,900-token prompt pays ~20% more TTFT in four chunks. GPUs compute 2048 tokens
+    kernels"): where prefills queue, 512 cut TTFT p50 by 20-32% at equal throughput; a
+    lone long prompt takes more steps for about the same compute. GPUs compute 2048 tokens
     in milliseconds (vLLM's default there)."""
     return 512 if device == "cpu" else 2048
 
