@@ -78,7 +78,7 @@ def test_mixed_batch_matches_dense_attention(dtype: torch.dtype, backend: str) -
                 6,
                 11,
                 gather_rows(torch.tensor(tables[4]), KV_HEADS, NUM_BLOCKS),
-                causal_mask(6, 11, step.device),
+                causal_mask(6, 11, step.device, step.dtype),
             ),
         ],
     )

@@ -77,7 +77,7 @@ class InputBuilder:
                 if computed:  # part of the context is already in the cache
                     blocks = self._tensor(table[: -(-context // bs)])
                     rows = gather_rows(blocks, self.num_kv_heads, self.num_blocks)
-                    mask = causal_mask(n, context, self.device)
+                    mask = causal_mask(n, context, self.device, self.info.dtype)
                 prefills.append(PrefillSlice(start, n, context, rows, mask))
             if SeqTable.samples(seq, n):
                 logit_rows.append(start + n - 1)
