@@ -146,6 +146,16 @@ void pv_tile_avx512(const float* __restrict probs, const T* rows, int n, int64_t
     for (int c = 0; c < kChunks; ++c) _mm512_storeu_ps(acc + g * kDim + 16 * c, sum[c]);
   }
 }
+#else
+// Declared only, so that attend_group's `if constexpr (kAvx512)` branches parse on a CPU
+// without AVX-512; kAvx512 is never true there, so nothing instantiates them.
+void softmax_rows_avx512(float* scores, int64_t group, int64_t len);
+template <typename T, int kDim>
+void qk_tile_avx512(const float* qf, const T* rows, int n, int64_t group, float* scores,
+                    int64_t len, float* tile);
+template <typename T, int kDim>
+void pv_tile_avx512(const float* probs, const T* rows, int n, int64_t group, int64_t len,
+                    float* acc, float* tile);
 #endif
 
 #if defined(__AVX512BF16__)

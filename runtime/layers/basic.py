@@ -53,8 +53,13 @@ class Linear(nn.Linear):
     packed: torch.Tensor | None = None
 
     def pack_for_cpu(self, batch_hint: int = 32) -> None:
-        """Pack the weight (bf16 on CPU only: for fp32 the results would differ slightly)."""
-        if self.weight.device.type == "cpu" and self.weight.dtype == torch.bfloat16:
+        """Pack the weight (bf16 on CPU only: for fp32 the results would differ slightly;
+        and only where oneDNN has a bf16 path: AVX-512 or AVX-NE-CONVERT, not plain AVX2)."""
+        if (
+            self.weight.device.type == "cpu"
+            and self.weight.dtype == torch.bfloat16
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        ):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), batch_hint)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
