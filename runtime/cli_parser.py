@@ -40,9 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--attention-backend",
         default="auto",
-        choices=["auto", "cpp", "torch"],
-        help="cpp: compiled CPU kernels reading the KV cache in place; torch: the reference "
-        "path; auto (default): cpp on CPU in float32/bfloat16 where g++ exists",
+        choices=["auto", "cpp", "triton", "torch"],
+        help="cpp: compiled CPU kernels reading the KV cache in place; triton: the Triton "
+        "kernels, on CUDA; torch: the reference path; auto (default): cpp on CPU in "
+        "float32/bfloat16 where g++ exists, triton on CUDA",
     )
     serve.add_argument("--mode", default="process", choices=["process", "inproc"])
     serve.add_argument(

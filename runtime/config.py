@@ -68,8 +68,9 @@ class EngineConfig:
             style, over torch.distributed: gloo on CPU, NCCL on CUDA); `kv_cache_memory` and
             `num_threads` are per rank.
         attention_backend: "cpp": the compiled CPU kernels (runtime/kernels/), reading the
-            paged KV cache in place; "torch": the torch reference path; "auto": "cpp" where
-            it applies (CPU, float32 or bfloat16, a C++ compiler), else "torch".
+            paged KV cache in place; "triton": the Triton kernels, on CUDA; "torch": the
+            torch reference path; "auto": "cpp" where it applies (CPU, float32 or bfloat16,
+            a C++ compiler), "triton" on CUDA, else "torch".
     """
 
     model: str
@@ -91,7 +92,7 @@ class EngineConfig:
     logprobs_mode: Literal["raw", "processed"] = "raw"
     data_parallel_size: int = 1
     tensor_parallel_size: int = 1
-    attention_backend: Literal["auto", "cpp", "torch"] = "auto"
+    attention_backend: Literal["auto", "cpp", "triton", "torch"] = "auto"
 
     def __post_init__(self) -> None:
         if self.mode not in ("process", "inproc"):
@@ -122,9 +123,11 @@ class EngineConfig:
         for name in ("max_model_len", "num_kv_blocks", "num_threads", "max_logprobs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.attention_backend not in ("auto", "cpp", "torch"):
+        if self.attention_backend not in ("auto", "cpp", "triton", "torch"):
             choice = self.attention_backend
-            raise ValueError(f"attention_backend must be 'auto', 'cpp' or 'torch', not {choice!r}")
+            raise ValueError(
+                f"attention_backend must be 'auto', 'cpp', 'triton' or 'torch', not {choice!r}"
+            )
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")
 

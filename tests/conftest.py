@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import torch
 from quart.typing import TestClientProtocol as QuartClient
 
 from api.app import create_app
@@ -12,6 +14,11 @@ from tests.api_helpers import MODEL
 from tests.fake_engine import FakeEngine
 from tests.parity_helpers import greedy_references
 from tools.tiny_model import make_tiny_model
+
+if not torch.cuda.is_available():
+    # the Triton kernels (runtime/kernels/gpu*.py) run in Triton's interpreter, on the CPU;
+    # read when they are defined, so before any test imports them (nothing above does)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ARCHS = ("llama", "qwen2", "qwen3")
 

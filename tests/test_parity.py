@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from runtime.config import EngineConfig
 from runtime.frontend.launch import open_engine
@@ -35,7 +36,7 @@ async def test_greedy_parity_with_prefix_cache_and_chunked_prefill(
     )  # 16 prompts need several chunked steps
     async with open_engine(config) as engine:
         ran = engine.server_info()["attention_backend"]  # read back from the worker
-        assert ran == ("torch" if backend == "torch" else "cpp")
+        assert ran == ("torch" if backend == "torch" else "cpp")  # "auto" on CPU: cpp
         warm = await collect(engine, SHARED, GREEDY)  # puts the shared prefix in the cache
         results = await collect_all(engine, prompt_set(), GREEDY)
         stats = await engine.fetch_statistics()
@@ -88,3 +89,34 @@ async def test_greedy_parity_without_a_step_queued_ahead(
     async with open_engine(config) as engine:
         results = await collect_all(engine, prompt_set(), GREEDY)
     assert [r["tokens"] for r in results] == references["llama"][1:]
+
+
+# in the interpreter one architecture takes a minute; the kernels see the same calls in all three
+TRITON_ARCHS = ARCHS if torch.cuda.is_available() else ("llama",)
+
+
+@pytest.mark.parametrize("arch", TRITON_ARCHS)
+async def test_triton_kernels_greedy_parity(
+    model_dirs: dict[str, Path], references: dict[str, list[list[int]]], arch: str
+) -> None:
+    """The Triton kernels (on the CPU in Triton's interpreter, tests/conftest.py; on CUDA in
+    benchmarks/device_check.sh): prefix hits, a prompt whose last token alone is new (a
+    decode row), prefill chunks over cached prefixes; fewer prompts than the tests above,
+    because the interpreter runs each kernel program in Python."""
+    picked = [0, 12]  # 81 and 230 tokens, both starting with SHARED
+    config = EngineConfig(
+        dtype="float32",
+        model=str(model_dirs[arch]),
+        mode="inproc",
+        attention_backend="triton",
+        max_model_len=512,
+        max_num_batched_tokens=64,  # the 230-token prompt takes four chunks
+    )
+    async with open_engine(config) as engine:
+        assert engine.server_info()["attention_backend"] == "triton"
+        warm = await collect(engine, SHARED, GREEDY)
+        prompts = prompt_set()
+        results = await collect_all(engine, [prompts[i] for i in picked], GREEDY)
+    assert warm["tokens"] == references[arch][0]
+    assert [r["tokens"] for r in results] == [references[arch][1 + i] for i in picked]
+    assert all(r["num_cached_tokens"] >= 80 for r in results), results

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import logging
 import os
 import shutil
 import subprocess
@@ -40,7 +39,6 @@ SIGNATURES = {
     "greedy_pick": "p q q p p",
 }
 _CTYPES = {"i": ctypes.c_int, "q": ctypes.c_int64, "f": ctypes.c_float, "p": ctypes.c_void_p}
-log = logging.getLogger(__name__)
 
 
 class KernelError(RuntimeError):
@@ -84,6 +82,9 @@ def _build(compiler: str) -> Path:
 
 class CpuKernels:
     """ctypes handles on the compiled kernels, with torch-shaped wrappers."""
+
+    name = "cpp"
+    extends = False  # prefill chunks run torch's fused SDPA
 
     def __init__(self, library: Path) -> None:
         lib = ctypes.CDLL(str(library))
@@ -286,23 +287,3 @@ def load_cpu_kernels() -> CpuKernels:
         raise KernelError(f"{compiler} failed on the CPU kernels:\n{exc.stderr}") from exc
     except OSError as exc:  # an unwritable cache, a library that does not load
         raise KernelError(f"cannot build or load the CPU kernels: {exc}") from exc
-
-
-def select_kernels(backend: str, device: torch.device, dtype: torch.dtype) -> CpuKernels | None:
-    """The kernels `backend` asks for ("auto", "cpp" or "torch"); None: the torch path."""
-    if backend == "torch":
-        return None
-    applies = device.type == "cpu" and dtype in DTYPES
-    if backend == "cpp" and not applies:
-        raise ValueError(
-            f"attention_backend 'cpp' runs on CPU in float32 or bfloat16, not {device} {dtype}"
-        )
-    if not applies:
-        return None
-    try:
-        return load_cpu_kernels()
-    except KernelError as exc:
-        if backend == "cpp":
-            raise
-        log.warning("the CPU attention kernels are unavailable, using torch's: %s", exc)
-        return None

@@ -1,6 +1,6 @@
 """Paged attention over a flattened batch: the torch reference path (any device), and the
-compiled CPU kernels (runtime/kernels/) for what they cover: storing keys and values, and the
-single-query rows, read from the cache in place.
+kernels (runtime/kernels/: compiled for the CPU, Triton for CUDA) for what they cover: storing
+keys and values, and the single-query rows, read from the cache in place.
 
 The KV cache of one layer is a tensor [2, kv_heads, num_blocks, block_size, head_dim]: K then
 V, each head's blocks contiguous. Viewed as rows of one block of one head ([2 * kv_heads *
@@ -9,22 +9,26 @@ num_blocks, block_size * head_dim]), gathering a sequence's keys and values is o
 head_dim] matrices, ready for a batched matmul without a transpose. Token `pos` of a sequence
 lives in block `block_table[pos // block_size]` at offset `pos % block_size`.
 
+Kernels that extend (the Triton ones) compute every prefill chunk of a step in one call,
+reading the context, this step's tokens included, from the cache in place.
+
 The projections arrive fused, as `heads` [T, heads + 2 * kv_heads, head_dim] (q, then k, then
 v heads, rotary already applied), so one `index_copy_` stores a step's keys and values.
 
 A step's batch is flattened to T tokens. Sequences with a single query token (decodes, and the
 last token of a fully cached prompt) come first and are computed together; the rest (prefill
-chunks) attend one sequence at a time (torch's fused SDPA on both paths).
+chunks) attend one sequence at a time (torch's fused SDPA), or all in one `extend` call.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 
-from runtime.kernels.cpu import CpuKernels
+from runtime.kernels.select import ExtendKernels, Kernels
 
 
 @dataclass(slots=True)
@@ -43,13 +47,25 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) of each token
     num_decodes: int  # rows [0, num_decodes) are single-query sequences
     prefills: list[PrefillSlice]
-    kernels: CpuKernels | None = None  # None: the torch path
+    kernels: Kernels | None = None  # None: the torch path
     # the torch path's decode layout
     decode_rows: torch.Tensor | None = None  # cache rows (K and V) of their blocks, padded
     decode_bias: torch.Tensor | None = None  # [decodes * kv_heads, 1, width * block_size]: 0/-inf
     # the kernels' decode layout
     decode_tables: torch.Tensor | None = None  # [decodes, width] block ids, padded
     decode_lens: torch.Tensor | None = None  # [decodes] tokens each attends to
+    extend: ExtendLayout | None = None  # kernels that extend: the prefills, read in place
+
+
+@dataclass(slots=True)
+class ExtendLayout:
+    """The prefill slices as kernels that read their context from the cache take them."""
+
+    tables: torch.Tensor  # [prefills, width] block ids, padded
+    q_starts: torch.Tensor  # [prefills] first row of each in the flattened batch
+    q_lens: torch.Tensor  # [prefills] queries
+    context_lens: torch.Tensor  # [prefills] tokens attended to, the queries included
+    max_queries: int
 
 
 def gather_rows(block_tables: torch.Tensor, num_kv_heads: int, num_blocks: int) -> torch.Tensor:
@@ -80,6 +96,15 @@ def paged_attention(
     q = heads[:, :num_heads]
     if not meta.prefills:  # a pure decode step: no copy into a fresh output
         return _decode(q, kv_cache, meta, scale)
+    if meta.extend is not None:  # the prefill rows in one call, then the decode rows
+        x = meta.extend
+        kernels = cast(ExtendKernels, meta.kernels)
+        out = kernels.extend(
+            q, kv_cache, x.tables, x.q_starts, x.q_lens, x.context_lens, x.max_queries, scale
+        )
+        if meta.num_decodes:
+            out[: meta.num_decodes] = _decode(q[: meta.num_decodes], kv_cache, meta, scale)
+        return out
     out = q.new_empty(q.shape)
     if meta.num_decodes:
         out[: meta.num_decodes] = _decode(q[: meta.num_decodes], kv_cache, meta, scale)

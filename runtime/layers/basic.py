@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.kernels.cpu import CpuKernels
+from runtime.kernels.select import Kernels
 
 
 class RMSNorm(nn.Module):
@@ -18,7 +18,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, kernels: CpuKernels | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kernels: Kernels | None = None) -> torch.Tensor:
         if self._fused(x, kernels):
             assert kernels is not None
             return kernels.rms_norm(x, self.weight, self.eps)
@@ -26,7 +26,7 @@ class RMSNorm(nn.Module):
         return self.weight * normed.to(x.dtype)
 
     def add_and_norm(
-        self, x: torch.Tensor, residual: torch.Tensor, kernels: CpuKernels | None = None
+        self, x: torch.Tensor, residual: torch.Tensor, kernels: Kernels | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(residual + x), residual + x): the residual stream's next value and its norm.
         The kernels update `residual` in place; the torch path leaves it alone."""
@@ -36,7 +36,7 @@ class RMSNorm(nn.Module):
         residual = residual + x
         return self.forward(residual), residual
 
-    def _fused(self, x: torch.Tensor, kernels: CpuKernels | None) -> bool:
+    def _fused(self, x: torch.Tensor, kernels: Kernels | None) -> bool:
         return (
             kernels is not None
             and x.dim() == 2

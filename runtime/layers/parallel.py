@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import distributed as dist
 from torch import nn
 
-from runtime.kernels.cpu import CpuKernels
+from runtime.kernels.select import Kernels
 from runtime.layers.basic import Linear
 
 # How long one collective of a step may wait for the other ranks before the engine is
@@ -259,7 +259,7 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = ColumnParallelLinear(hidden, [part, part], bias)
         self.down_proj = RowParallelLinear(intermediate, hidden, bias, tp)
 
-    def forward(self, x: torch.Tensor, kernels: CpuKernels | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kernels: Kernels | None = None) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if kernels is not None and gate_up.is_contiguous():
             return self.down_proj(kernels.silu_and_mul(gate_up))

@@ -105,7 +105,7 @@ class WorkerReady:
     num_threads: int  # torch intra-op threads
     vocab_size: int  # token ids the model can embed: the scheduler refuses others
     tensor_parallel_size: int = 1  # ranks the model is split over, all of them started
-    attention_backend: str = "torch"  # "cpp" or "torch": what the attention runs on
+    attention_backend: str = "torch"  # "cpp", "triton" or "torch": what attention runs on
 
 
 @message(49)

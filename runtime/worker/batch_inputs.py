@@ -6,11 +6,18 @@ the sampling parameters of the rows that sample."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 
-from runtime.kernels.cpu import CpuKernels
-from runtime.layers.attention import AttentionMetadata, PrefillSlice, causal_mask, gather_rows
+from runtime.kernels.select import Kernels
+from runtime.layers.attention import (
+    AttentionMetadata,
+    ExtendLayout,
+    PrefillSlice,
+    causal_mask,
+    gather_rows,
+)
 from runtime.model_info import ModelInfo
 from runtime.wire.messages import StepPlan
 from runtime.worker.logprobs import PromptLogprobs
@@ -30,6 +37,15 @@ class ModelInputs:
     prompt_rows: list[tuple[int, WorkerSeq, range]]
 
 
+class DecodeLayout(TypedDict, total=False):
+    """AttentionMetadata's decode fields: the kernels' two, or the torch path's two."""
+
+    decode_tables: torch.Tensor
+    decode_lens: torch.Tensor
+    decode_rows: torch.Tensor
+    decode_bias: torch.Tensor
+
+
 class InputBuilder:
     def __init__(
         self,
@@ -39,7 +55,7 @@ class InputBuilder:
         num_blocks: int,
         info: ModelInfo,
         prompt_logprobs: PromptLogprobs,
-        kernels: CpuKernels | None = None,
+        kernels: Kernels | None = None,
     ) -> None:
         self.device = device
         self.block_size = block_size
@@ -61,9 +77,11 @@ class InputBuilder:
         logit_rows: list[int] = []
         sampled: list[int] = []
         prefills: list[PrefillSlice] = []
+        prefill_seqs: list[WorkerSeq] = []
         prompt_rows: list[tuple[int, WorkerSeq, range]] = []
         prompt_logit_rows: list[int] = []
         scoring = self.prompt_logprobs.waiting  # once per step: usually nobody asks
+        extends = self.kernels is not None and self.kernels.extends
         for i in order:
             seq, n = seqs[i], plan.num_tokens[i]
             start, computed = len(input_ids), seq.num_computed_tokens
@@ -74,11 +92,12 @@ class InputBuilder:
             slots.extend(table[p // bs] * bs + p % bs for p in range(computed, context))
             if n > 1:
                 rows = mask = None
-                if computed:  # part of the context is already in the cache
+                if computed and not extends:  # part of the context is already in the cache
                     blocks = self._tensor(table[: -(-context // bs)])
                     rows = gather_rows(blocks, self.num_kv_heads, self.num_blocks)
                     mask = causal_mask(n, context, self.device, self.info.dtype)
                 prefills.append(PrefillSlice(start, n, context, rows, mask))
+                prefill_seqs.append(seq)
             if SeqTable.samples(seq, n):
                 logit_rows.append(start + n - 1)
                 sampled.append(i)
@@ -96,6 +115,8 @@ class InputBuilder:
             kernels=self.kernels,
             **self._decode_layout(decode_seqs),
         )
+        if extends and prefills:
+            meta.extend = self._extend_layout(prefills, prefill_seqs)
         return ModelInputs(
             input_ids=self._tensor(input_ids),
             positions=self._tensor(positions),
@@ -106,7 +127,7 @@ class InputBuilder:
             prompt_rows=prompt_rows,
         )
 
-    def _decode_layout(self, seqs: list[WorkerSeq]) -> dict[str, torch.Tensor]:
+    def _decode_layout(self, seqs: list[WorkerSeq]) -> DecodeLayout:
         """The single-query sequences' block tables and lengths (the kernels read the cache
         in place), or for the torch path the cache rows to gather and an additive key mask."""
         context_lens = [s.num_computed_tokens + 1 for s in seqs]
@@ -128,6 +149,18 @@ class InputBuilder:
         # one row per (sequence, kv head), as the decode's batched matmul sees them
         bias = bias.repeat_interleave(self.num_kv_heads, dim=0).unsqueeze(1)
         return {"decode_rows": rows, "decode_bias": bias}
+
+    def _extend_layout(self, prefills: list[PrefillSlice], seqs: list[WorkerSeq]) -> ExtendLayout:
+        """The prefill slices' block tables, query rows and context lengths, as tensors."""
+        width = max(-(-p.context_len // self.block_size) for p in prefills)
+        tables = [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in seqs]
+        return ExtendLayout(
+            tables=self._tensor(tables).view(len(seqs), width),
+            q_starts=self._tensor([p.start for p in prefills]),
+            q_lens=self._tensor([p.num_queries for p in prefills]),
+            context_lens=self._tensor([p.context_len for p in prefills]),
+            max_queries=max(p.num_queries for p in prefills),
+        )
 
     def _sampling(self, seqs: list[WorkerSeq]) -> SamplingBatch:
         rows = []

@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 
 from runtime.config import EngineConfig
-from runtime.kernels.cpu import select_kernels
+from runtime.kernels.select import select_kernels
 from runtime.layers.basic import pack_linears_for_cpu
 from runtime.layers.parallel import SINGLE, TPGroup, kv_heads_per_rank
 from runtime.model_info import load_model_info, resolve_max_model_len
@@ -112,7 +112,7 @@ class ModelRunner:
         )
         self.prompt_logprobs = PromptLogprobs()
         self.kernels = select_kernels(config.attention_backend, self.device, self.info.dtype)
-        self.attention_backend = "torch" if self.kernels is None else "cpp"
+        self.attention_backend = "torch" if self.kernels is None else self.kernels.name
         self.inputs = InputBuilder(
             self.device,
             config.block_size,

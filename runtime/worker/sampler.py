@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.kernels.cpu import CpuKernels
+from runtime.kernels.select import Kernels
 
 _MASK64 = (1 << 64) - 1
 
@@ -68,7 +68,7 @@ def make_sampling_batch(
 
 
 def sample(
-    logits: torch.Tensor, batch: SamplingBatch, kernels: CpuKernels | None = None
+    logits: torch.Tensor, batch: SamplingBatch, kernels: Kernels | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row of `logits` [B, vocab] (float32).
 

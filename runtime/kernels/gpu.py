@@ -1,0 +1,186 @@
+"""The Triton kernels (gpu_attention.py, gpu_fused.py) behind the same methods as the CPU
+kernels, plus `extend` (prefill over cached prefixes), for `--device cuda`.
+
+Without a GPU they run in Triton's interpreter (TRITON_INTERPRET=1, set before triton is
+imported): slowly, on the CPU, which is how CI proves them against the torch reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from runtime.kernels.gpu_attention import (
+    combine_splits_kernel,
+    decode_kernel,
+    extend_kernel,
+    store_kv_kernel,
+)
+from runtime.kernels.gpu_fused import add_rms_norm_kernel, rotary_kernel, silu_and_mul_kernel
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+BLOCK_N = 32  # cached tokens per iteration of the attention loops
+BLOCK_M = 16  # queries per program of extend (tl.dot's smallest tile)
+SPLIT_MIN_TOKENS = 256  # decode splits a context only into parts at least this long
+MAX_SPLITS = 16
+
+
+class KernelError(RuntimeError):
+    """The kernels refused their arguments (a dtype, a layout they do not take)."""
+
+
+def interpreting() -> bool:
+    return bool(triton.knobs.runtime.interpret)
+
+
+def decode_splits(max_context: int) -> tuple[int, int]:
+    """(splits, tokens per split) for contexts of up to `max_context` tokens: enough splits
+    that a long context keeps the GPU busy at small batch, none that would be empty."""
+    splits = max(1, min(MAX_SPLITS, max_context // SPLIT_MIN_TOKENS))
+    per_split = -(-max(max_context, 1) // splits)
+    return splits, -(-per_split // BLOCK_N) * BLOCK_N
+
+
+class TritonKernels:
+    """Same interface as runtime.kernels.cpu.CpuKernels, on CUDA tensors (or CPU tensors
+    under the interpreter)."""
+
+    name = "triton"
+    extends = True  # prefill chunks go through `extend`, not torch's SDPA
+
+    def store_kv(self, kv_cache: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor) -> None:
+        """kv: [T, 2 * kv_heads, head_dim], tokens may be strided; slots: [T] (-1: skip)."""
+        tokens, planes, dim = kv.shape
+        _check_rows(kv, kv_cache)
+        plane_slots = kv_cache.shape[2] * kv_cache.shape[3]
+        store_kv_kernel[(tokens,)](
+            kv_cache, kv, slots, kv.stride(0), planes, plane_slots, dim,
+            PLANES=_pow2(planes), DIM=_pow2(dim),
+        )  # fmt: skip
+
+    def decode(
+        self,
+        q: torch.Tensor,  # [B, heads, head_dim], tokens may be strided
+        kv_cache: torch.Tensor,  # [2, kv_heads, num_blocks, block_size, head_dim]
+        block_tables: torch.Tensor,  # [B, width] int64
+        context_lens: torch.Tensor,  # [B] int64 (0: a padding row, output 0)
+        scale: float,
+    ) -> torch.Tensor:
+        batch, heads, dim = q.shape
+        _check_rows(q, kv_cache)
+        _, kv_heads, num_blocks, block_size, _ = kv_cache.shape
+        if heads % kv_heads:
+            raise KernelError(f"{heads} query heads do not group over {kv_heads} kv heads")
+        group, width = heads // kv_heads, block_tables.shape[1]
+        splits, split_tokens = decode_splits(width * block_size)
+        partial_out = q.new_empty((batch, heads, splits, _pow2(dim)), dtype=torch.float32)
+        partial_lse = q.new_empty((batch, heads, splits), dtype=torch.float32)
+        decode_kernel[(batch, kv_heads, splits)](
+            partial_out, partial_lse, q, kv_cache, block_tables, context_lens,
+            q.stride(0), width, kv_heads, num_blocks * block_size, block_size, dim,
+            split_tokens, scale,
+            GROUP=group, GROUP_PAD=max(16, _pow2(group)), DIM=_pow2(dim), BLOCK_N=BLOCK_N,
+            DOT_FP32=_dot_fp32(q.dtype),
+        )  # fmt: skip
+        out = q.new_empty((batch, heads, dim))
+        combine_splits_kernel[(batch * heads,)](
+            out, partial_out, partial_lse, splits, dim, SPLITS=_pow2(splits), DIM=_pow2(dim)
+        )
+        return out
+
+    def extend(
+        self,
+        q: torch.Tensor,  # [T, heads, head_dim], tokens may be strided
+        kv_cache: torch.Tensor,  # this step's keys and values already stored
+        block_tables: torch.Tensor,  # [S, width] int64
+        q_starts: torch.Tensor,  # [S] int64
+        q_lens: torch.Tensor,  # [S] int64
+        context_lens: torch.Tensor,  # [S] int64
+        max_queries: int,  # the longest q_len: how many query blocks to launch
+        scale: float,
+    ) -> torch.Tensor:  # [T, heads, head_dim]; rows of no sequence are left unwritten
+        tokens, heads, dim = q.shape
+        _check_rows(q, kv_cache)
+        _, kv_heads, num_blocks, block_size, _ = kv_cache.shape
+        out = q.new_empty((tokens, heads, dim))
+        grid = (block_tables.shape[0], heads, -(-max_queries // BLOCK_M))
+        extend_kernel[grid](
+            out, q, kv_cache, block_tables, q_starts, q_lens, context_lens,
+            q.stride(0), block_tables.shape[1], kv_heads, num_blocks * block_size,
+            block_size, dim, scale,
+            GROUP=heads // kv_heads, DIM=_pow2(dim), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+            DOT_FP32=_dot_fp32(q.dtype),
+        )  # fmt: skip
+        return out
+
+    def rms_norm(
+        self,
+        x: torch.Tensor,  # [rows, dim]
+        weight: torch.Tensor,
+        eps: float,
+        residual: torch.Tensor | None = None,  # [rows, dim]: residual += x, then its norm
+    ) -> torch.Tensor:
+        _check_contiguous(x, weight, *(() if residual is None else (residual,)))
+        if residual is not None and residual.shape != x.shape:
+            raise KernelError(f"residual {tuple(residual.shape)} for x {tuple(x.shape)}")
+        rows, dim = x.shape
+        out = torch.empty_like(x)
+        add_rms_norm_kernel[(rows,)](
+            out, x if residual is None else residual, x, weight, dim, eps,
+            HAS_RESIDUAL=residual is not None, BLOCK=_pow2(dim),
+        )  # fmt: skip
+        return out
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of x = [rows, 2 * inter] (gate, then up): [rows, inter]."""
+        _check_contiguous(x)
+        rows, width = x.shape
+        out = x.new_empty((rows, width // 2))
+        silu_and_mul_kernel[(rows,)](out, x, width // 2, BLOCK=min(1024, _pow2(width // 2)))
+        return out
+
+    def rotary_(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
+        """Rotate x [T, heads, dim] in place (a view whose tokens may be strided)."""
+        tokens, heads, dim = x.shape
+        _check_heads_packed(x)
+        _check_contiguous(cos, sin_signed, like=x)
+        if cos.numel() != tokens * dim or sin_signed.numel() != tokens * dim:
+            raise KernelError(f"rotary tables of {cos.numel()} values for {tokens} x {dim}")
+        rotary_kernel[(tokens,)](
+            x, cos, sin_signed, x.stride(0), heads, dim, HEADS=_pow2(heads), HALF=_pow2(dim // 2)
+        )
+
+    def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(argmax [B], its log-probability [B]) of float32 logits [B, vocab]."""
+        tokens = logits.argmax(dim=-1)
+        best = logits.gather(-1, tokens[:, None]).squeeze(-1)
+        return tokens, best - torch.logsumexp(logits, dim=-1)
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(n, 1))
+
+
+def _dot_fp32(dtype: torch.dtype) -> bool:
+    # the interpreter multiplies bfloat16 as raw bits (triton-lang/triton#11584)
+    return dtype == torch.float32 or interpreting()
+
+
+def _check_heads_packed(x: torch.Tensor) -> None:
+    if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
+        raise KernelError(f"heads of one token must be contiguous, strides {x.stride()}")
+
+
+def _check_rows(x: torch.Tensor, kv_cache: torch.Tensor) -> None:
+    _check_heads_packed(x)
+    if x.dtype != kv_cache.dtype or kv_cache.dtype not in DTYPES:
+        raise KernelError(f"dtype {x.dtype} with a {kv_cache.dtype} cache")
+    if not kv_cache.is_contiguous():
+        raise KernelError("the KV cache must be contiguous")
+
+
+def _check_contiguous(*tensors: torch.Tensor, like: torch.Tensor | None = None) -> None:
+    dtype = (like if like is not None else tensors[0]).dtype
+    for t in tensors:
+        if not t.is_contiguous() or t.dtype != dtype or dtype not in DTYPES:
+            raise KernelError(f"expected contiguous {dtype} tensors, got {t.dtype}")
