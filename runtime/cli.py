@@ -128,6 +128,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         data_parallel_size=args.data_parallel_size,
         tensor_parallel_size=args.tensor_parallel_size,
         attention_backend=args.attention_backend,
+        enforce_eager=args.enforce_eager,
     )
 
 

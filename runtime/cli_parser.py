@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
         "kernels, on CUDA; torch: the reference path; auto (default): cpp on CPU in "
         "float32/bfloat16 where g++ exists, triton on CUDA",
     )
+    serve.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run every decode step eagerly (by default, --device cuda with the triton "
+        "backend replays CUDA graphs captured at startup)",
+    )
     serve.add_argument("--mode", default="process", choices=["process", "inproc"])
     serve.add_argument(
         "--data-parallel-size",

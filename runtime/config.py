@@ -71,6 +71,8 @@ class EngineConfig:
             paged KV cache in place; "triton": the Triton kernels, on CUDA; "torch": the
             torch reference path; "auto": "cpp" where it applies (CPU, float32 or bfloat16,
             a C++ compiler), "triton" on CUDA, else "torch".
+        enforce_eager: never replay CUDA graphs of the decode step (which, by default, the
+            Triton backend on CUDA captures at startup, one per batch-size bucket).
     """
 
     model: str
@@ -93,6 +95,7 @@ class EngineConfig:
     data_parallel_size: int = 1
     tensor_parallel_size: int = 1
     attention_backend: Literal["auto", "cpp", "triton", "torch"] = "auto"
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in ("process", "inproc"):

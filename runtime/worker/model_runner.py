@@ -23,6 +23,7 @@ from runtime.models import MODELS
 from runtime.models.llama import ModelArgs
 from runtime.wire.messages import Logprobs, ShardStep, StepPlan
 from runtime.worker.batch_inputs import InputBuilder
+from runtime.worker.decode_graphs import DecodeGraphs
 from runtime.worker.loader import (
     CheckpointError,
     check_disjoint,
@@ -40,7 +41,9 @@ from runtime.worker.tp_group import send_message
 
 @dataclass(frozen=True, slots=True)
 class StepOutcome:
-    """What one step sampled (one entry per sequence that sampled), and where its time went."""
+    """What one step sampled (one entry per sequence that sampled), and where its time went.
+    On CUDA nothing waits for the GPU until the sampled ids are read: forward_seconds is the
+    time to queue the forward, and the GPU's time shows in sample_seconds."""
 
     seq_ids: tuple[int, ...]
     token_ids: tuple[int, ...]
@@ -123,6 +126,30 @@ class ModelRunner:
             self.kernels,
         )
         self.processed_logprobs = config.logprobs_mode == "processed"
+        self.decode_graphs: DecodeGraphs | None = None
+        self._graphs()  # captured at startup, not by the first request
+
+    def _graphs(self) -> DecodeGraphs | None:
+        """The decode step's CUDA graphs, recaptured once the weights or the KV pool they
+        were recorded with are replaced; None where they do not apply."""
+        kernels, model, graphs = self.kernels, self.model, self.decode_graphs
+        if not (
+            self.device.type == "cuda"
+            and kernels is not None
+            and kernels.name == "triton"
+            and self.tp.size == 1
+            and not self.config.enforce_eager
+            and model is not None
+            and self.kv_caches.numel() > 0
+        ):
+            graphs = None
+        elif graphs is None or not graphs.records(model, self.kv_caches):
+            self.decode_graphs = None  # the old ones hold memory while the new ones capture
+            width = -(-self.max_model_len // self.block_size)
+            graphs = DecodeGraphs(model, self.kv_caches, kernels, self.config.max_num_seqs, width)
+            graphs.capture()
+        self.decode_graphs = graphs
+        return graphs
 
     def _new_kv_caches(self) -> torch.Tensor:
         return torch.zeros(self.cache_shape, dtype=self.info.dtype, device=self.device)
@@ -251,11 +278,14 @@ class ModelRunner:
             send_message(self.tp, ShardStep(plan, *self._sampled, rows))
         prepared = time.perf_counter()
         assert self.model is not None, "a step while the weights are released"
-        logits = self.model(
-            inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, inputs.logit_rows
-        )
+        graphs = self._graphs()
+        if graphs is not None and graphs.fits(inputs.meta, len(inputs.logit_rows)):
+            logits = graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        else:
+            logits = self.model(
+                inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, inputs.logit_rows
+            )
         assert logits is not None, "tensor-parallel rank 0 gets the logits"
-        self._synchronize()
         forwarded = time.perf_counter()
         num_sampled = len(inputs.sampled)
         if inputs.prompt_rows:
@@ -354,7 +384,3 @@ class ModelRunner:
             for s, seq in zip(seq_ids, seqs, strict=True)
         ]
         return tuple(prompt) if any(p is not None for p in prompt) else ()
-
-    def _synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
