@@ -1,7 +1,7 @@
 """The decode step's CUDA-graph runner: its buckets, which steps it takes, and that a step
 padded up to its bucket computes what the unpadded step computes and writes nothing else into
-the KV cache. Without CUDA the padded step runs eagerly (Triton's interpreter), so this
-proves the padding; capturing needs a GPU (benchmarks/device_check.sh)."""
+the KV cache. On CUDA the step is captured and replayed (benchmarks/device_check.sh); without
+it the padded step runs eagerly, in Triton's interpreter, which proves the padding."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from runtime.config import EngineConfig
 from runtime.layers.attention import AttentionMetadata, PrefillSlice
 from runtime.worker.decode_graphs import DecodeGraphs, batch_buckets
 from runtime.worker.model_runner import ModelRunner
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_buckets_cover_every_batch_size() -> None:
@@ -28,6 +30,7 @@ def runner(llama_dir: Path) -> ModelRunner:
     config = EngineConfig(
         model=str(llama_dir),
         dtype="float32",
+        device=DEVICE.type,
         attention_backend="triton",
         num_kv_blocks=32,
         max_model_len=128,
@@ -46,7 +49,7 @@ def decode_step(runner: ModelRunner, lens: list[int]) -> tuple[torch.Tensor, ...
     positions = context - 1
     slots = tables.gather(1, (positions // bs)[:, None]).squeeze(1) * bs + positions % bs
     ids = torch.randint(0, runner.info.vocab_size, (n,), generator=gen)
-    return ids, positions, slots, tables, context
+    return tuple(t.to(DEVICE) for t in (ids, positions, slots, tables, context))
 
 
 def metadata(runner: ModelRunner, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor):  # type: ignore[no-untyped-def]
@@ -66,15 +69,17 @@ def test_a_padded_step_computes_what_the_step_computes(
 ) -> None:
     assert runner.model is not None and runner.kernels is not None
     gen = torch.Generator().manual_seed(7)
-    cache = torch.randn(runner.kv_caches.shape, generator=gen)
+    cache = torch.randn(runner.kv_caches.shape, generator=gen).to(DEVICE)
     ids, positions, slots, tables, context = decode_step(runner, lens)
     meta = metadata(runner, slots, tables, context)
     eager_cache, original = cache.clone(), cache.clone()
     with torch.inference_mode():
-        rows = torch.arange(len(lens))
+        rows = torch.arange(len(lens), device=DEVICE)
         expected = runner.model(ids, positions, eager_cache, meta, rows)
         graphs = DecodeGraphs(runner.model, cache, runner.kernels, max_batch=8, max_width=8)
         assert graphs.fits(meta, num_logit_rows=len(lens))
+        if DEVICE.type == "cuda":
+            graphs.capture()
         logits = graphs.run(ids, positions, meta)
     assert logits.shape == expected.shape
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)

@@ -37,6 +37,7 @@ def on_device(*tensors: torch.Tensor) -> list[torch.Tensor]:
         (4, 2, 128, 16, 33),  # the last loop tile holds one token
         (6, 2, 48, 8, 600),  # head_dim not a power of two; two splits
         (2, 1, 16, 4, 9),
+        (4, 2, 8, 8, 30),  # head_dim under tl.dot's 16
         (8, 8, 32, 32, 70),  # no grouping; blocks larger than a loop tile
     ],
 )

@@ -108,6 +108,7 @@ async def test_triton_kernels_greedy_parity(
         dtype="float32",
         model=str(model_dirs[arch]),
         mode="inproc",
+        device="cuda" if torch.cuda.is_available() else "cpu",
         attention_backend="triton",
         max_model_len=512,
         max_num_batched_tokens=64,  # the 230-token prompt takes four chunks

@@ -73,18 +73,18 @@ class TritonKernels:
             raise KernelError(f"{heads} query heads do not group over {kv_heads} kv heads")
         group, width = heads // kv_heads, block_tables.shape[1]
         splits, split_tokens = decode_splits(width * block_size)
-        partial_out = q.new_empty((batch, heads, splits, _pow2(dim)), dtype=torch.float32)
+        partial_out = q.new_empty((batch, heads, splits, _dot_dim(dim)), dtype=torch.float32)
         partial_lse = q.new_empty((batch, heads, splits), dtype=torch.float32)
         decode_kernel[(batch, kv_heads, splits)](
             partial_out, partial_lse, q, kv_cache, block_tables, context_lens,
             q.stride(0), width, kv_heads, num_blocks * block_size, block_size, dim,
             split_tokens, scale,
-            GROUP=group, GROUP_PAD=max(16, _pow2(group)), DIM=_pow2(dim), BLOCK_N=BLOCK_N,
+            GROUP=group, GROUP_PAD=max(16, _pow2(group)), DIM=_dot_dim(dim), BLOCK_N=BLOCK_N,
             DOT_FP32=_dot_fp32(q.dtype),
         )  # fmt: skip
         out = q.new_empty((batch, heads, dim))
         combine_splits_kernel[(batch * heads,)](
-            out, partial_out, partial_lse, splits, dim, SPLITS=_pow2(splits), DIM=_pow2(dim)
+            out, partial_out, partial_lse, splits, dim, SPLITS=_pow2(splits), DIM=_dot_dim(dim)
         )
         return out
 
@@ -108,7 +108,7 @@ class TritonKernels:
             out, q, kv_cache, block_tables, q_starts, q_lens, context_lens,
             q.stride(0), block_tables.shape[1], kv_heads, num_blocks * block_size,
             block_size, dim, scale,
-            GROUP=heads // kv_heads, DIM=_pow2(dim), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+            GROUP=heads // kv_heads, DIM=_dot_dim(dim), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
             DOT_FP32=_dot_fp32(q.dtype),
         )  # fmt: skip
         return out
@@ -159,6 +159,11 @@ class TritonKernels:
 
 def _pow2(n: int) -> int:
     return triton.next_power_of_2(max(n, 1))
+
+
+def _dot_dim(head_dim: int) -> int:
+    """head_dim padded for tl.dot, which takes no dimension under 16."""
+    return max(16, _pow2(head_dim))
 
 
 def _dot_fp32(dtype: torch.dtype) -> bool:

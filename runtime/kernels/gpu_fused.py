@@ -19,8 +19,8 @@ def round_to(x, dtype: tl.constexpr):
     """float32 x rounded to `dtype`, to nearest even, as torch rounds."""
     if dtype == tl.bfloat16:  # by hand: the interpreter's cast would truncate
         bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
+        upper = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # shifts: no 64-bit literal mask
+        return (upper << 16).to(tl.float32, bitcast=True).to(tl.bfloat16)
     return x.to(dtype)
 
 
