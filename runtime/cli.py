@@ -129,6 +129,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         tensor_parallel_size=args.tensor_parallel_size,
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
+        gpu_memory_utilization=args.gpu_memory_utilization,
     )
 
 

@@ -24,7 +24,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="token budget of one step; 0: 512 on CPU, 2048 on a GPU",
     )
     serve.add_argument("--max-model-len", type=int, default=0, help="0: the model's own limit")
-    serve.add_argument("--kv-cache-memory", default="256MiB", help="KV pool size, e.g. 2GiB")
+    serve.add_argument(
+        "--kv-cache-memory",
+        default="0",
+        help="KV pool size, e.g. 2GiB (default: 256MiB on CPU; on CUDA what "
+        "--gpu-memory-utilization leaves once the weights are loaded)",
+    )
+    serve.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="share of the GPU's memory for weights, KV pool and activations (default 0.9)",
+    )
     serve.add_argument("--block-size", type=int, default=16)
     serve.add_argument(
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]

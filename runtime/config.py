@@ -46,7 +46,8 @@ class EngineConfig:
             0: by device, `default_token_budget` (512 on CPU, 2048 elsewhere).
         max_model_len: longest prompt + output; 0 means the checkpoint's own limit.
         block_size: tokens per KV block.
-        kv_cache_memory: bytes for the KV pool (all layers, K and V).
+        kv_cache_memory: bytes for the KV pool (all layers, K and V); 0: 256 MiB on CPU, and
+            on CUDA what `gpu_memory_utilization` of the GPU leaves once the weights are in.
         num_kv_blocks: if > 0, overrides kv_cache_memory (tests use it to force preemption).
         enable_prefix_caching: reuse KV blocks of identical prompt prefixes.
         dtype: "auto" (the checkpoint's), "float32", "bfloat16" or "float16".
@@ -73,6 +74,8 @@ class EngineConfig:
             a C++ compiler), "triton" on CUDA, else "torch".
         enforce_eager: never replay CUDA graphs of the decode step (which, by default, the
             Triton backend on CUDA captures at startup, one per batch-size bucket).
+        gpu_memory_utilization: the share of the GPU's memory the worker may fill (weights,
+            KV pool, activations), when kv_cache_memory is 0.
     """
 
     model: str
@@ -81,7 +84,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 0
     max_model_len: int = 0
     block_size: int = 16
-    kv_cache_memory: int = 256 * 2**20
+    kv_cache_memory: int = 0
     num_kv_blocks: int = 0
     enable_prefix_caching: bool = True
     dtype: str = "auto"
@@ -96,6 +99,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     attention_backend: Literal["auto", "cpp", "triton", "torch"] = "auto"
     enforce_eager: bool = False
+    gpu_memory_utilization: float = 0.9
 
     def __post_init__(self) -> None:
         if self.mode not in ("process", "inproc"):
@@ -106,7 +110,6 @@ class EngineConfig:
             "max_num_seqs",
             "max_num_batched_tokens",
             "block_size",
-            "kv_cache_memory",
             "max_steps_in_flight",
             "max_sessions",
             "max_n",
@@ -123,7 +126,17 @@ class EngineConfig:
             raise ValueError(
                 f"logprobs_mode must be 'raw' or 'processed', not {self.logprobs_mode!r}"
             )
-        for name in ("max_model_len", "num_kv_blocks", "num_threads", "max_logprobs"):
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        for name in (
+            "max_model_len",
+            "kv_cache_memory",
+            "num_kv_blocks",
+            "num_threads",
+            "max_logprobs",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.attention_backend not in ("auto", "cpp", "triton", "torch"):

@@ -7,9 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from runtime.cli import api_key, build_parser, engine_config, raise_open_file_limit
 from runtime.config import EngineConfig
+from runtime.worker.kv_memory import default_kv_cache_memory
 
 
 @pytest.mark.parametrize(
@@ -81,3 +83,26 @@ def test_the_open_file_limit_is_raised_for_the_connections(
     resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
     raise_open_file_limit(2048)
     assert resource.getrlimit(resource.RLIMIT_NOFILE) == (2048 + 256, hard)
+
+
+def test_the_kv_pool_and_gpu_flags_reach_the_config() -> None:
+    argv = ["serve", "--kv-cache-memory", "1GiB", "--gpu-memory-utilization", "0.5"]
+    config = engine_config(build_parser().parse_args([*argv, "--enforce-eager"]))
+    assert (config.kv_cache_memory, config.gpu_memory_utilization) == (2**30, 0.5)
+    assert config.enforce_eager
+    default = engine_config(build_parser().parse_args(["serve"]))
+    assert (default.kv_cache_memory, default.gpu_memory_utilization) == (0, 0.9)
+    assert not default.enforce_eager
+    assert EngineConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize("share", [0.0, -0.1, 1.5])
+def test_a_gpu_share_outside_0_1_is_refused(share: float) -> None:
+    with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
+        EngineConfig(model="m", gpu_memory_utilization=share)
+
+
+def test_the_kv_pool_defaults_to_256_mib_on_cpu() -> None:
+    assert default_kv_cache_memory(torch.device("cpu"), 0.9) == 256 * 2**20
+    with pytest.raises(ValueError, match="kv_cache_memory must be >= 0"):
+        EngineConfig(model="m", kv_cache_memory=-1)

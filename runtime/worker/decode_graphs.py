@@ -37,9 +37,10 @@ class DecodeGraphs:
         kernels: Kernels,
         max_batch: int,
         max_width: int,
+        buckets: list[int] | None = None,  # default: batch_buckets(max_batch)
     ) -> None:
         self.model, self.kv_caches, self.kernels = model, kv_caches, kernels
-        self.buckets = batch_buckets(max_batch)
+        self.buckets = buckets or batch_buckets(max_batch)
         device = kv_caches.device
         self.input_ids = torch.zeros(max_batch, dtype=torch.long, device=device)
         self.positions = torch.zeros(max_batch, dtype=torch.long, device=device)

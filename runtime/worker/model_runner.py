@@ -24,6 +24,7 @@ from runtime.models.llama import ModelArgs
 from runtime.wire.messages import Logprobs, ShardStep, StepPlan
 from runtime.worker.batch_inputs import InputBuilder
 from runtime.worker.decode_graphs import DecodeGraphs
+from runtime.worker.kv_memory import default_kv_cache_memory
 from runtime.worker.loader import (
     CheckpointError,
     check_disjoint,
@@ -253,7 +254,10 @@ class ModelRunner:
 
     def _num_kv_blocks(self) -> int:
         per_block = self.info.kv_bytes_per_block(self.block_size, self.num_kv_heads)
-        blocks = self.config.num_kv_blocks or self.config.kv_cache_memory // per_block
+        memory = self.config.kv_cache_memory or default_kv_cache_memory(
+            self.device, self.config.gpu_memory_utilization
+        )
+        blocks = self.config.num_kv_blocks or memory // per_block
         if blocks * self.block_size < self.max_model_len:
             needed = -(-self.max_model_len // self.block_size) * per_block
             raise ValueError(
