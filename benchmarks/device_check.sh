@@ -4,8 +4,9 @@
 #   1. installs what this project needs and the machine lacks, from the wheels in .whl/
 #      (fetched beforehand, where there is network, by tools/fetch_device_wheels.sh);
 #   2. runs the Triton kernels' tests on CUDA against the torch reference, the CUDA-graph
-#      decode step against the eager one, and greedy parity with transformers for the three
-#      tiny architectures with --attention-backend triton on CUDA;
+#      decode step against the eager one, greedy parity with transformers for the three
+#      tiny architectures with --attention-backend triton on CUDA, and seeded sampling
+#      against the torch sampler;
 #   3. times the decode step of a Llama-3-8B-shaped model (random weights) at batch 1, 32
 #      and 128, eager and by graph replay, against the HBM roofline (benchmarks/gpu_decode.py).
 #
@@ -39,7 +40,8 @@ print(f"python {sys.version.split()[0]}, torch {torch.__version__}, triton {trit
 PY
 echo "== Triton kernels, CUDA graphs, greedy parity (triton backend)"
 "$python" -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py tests/test_decode_graphs.py \
-    tests/test_parity.py::test_triton_kernels_greedy_parity
+    tests/test_parity.py::test_triton_kernels_greedy_parity \
+    tests/test_parity.py::test_triton_sampling_draws_what_the_torch_sampler_draws
 echo "== decode step, Llama-3-8B shape"
 # shellcheck disable=SC2086  # GPU_DECODE_ARGS is a list of arguments
 "$python" -m benchmarks.gpu_decode ${GPU_DECODE_ARGS:---batch 1 32 128}

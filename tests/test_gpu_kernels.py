@@ -13,6 +13,7 @@ from transformers import PretrainedConfig
 from runtime.kernels.gpu import MAX_SPLITS, TritonKernels, decode_splits
 from runtime.layers.basic import RMSNorm
 from runtime.layers.rotary import RotaryEmbedding, apply_rope_
+from runtime.worker.sampler import choose, make_sampling_batch
 from tests.kernel_cases import poison_past_the_end, random_case, reference
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -190,3 +191,33 @@ def test_greedy_matches_argmax_and_log_softmax() -> None:
     assert torch.equal(tokens.cpu(), logits.argmax(dim=-1))
     expected = torch.log_softmax(logits, dim=-1).gather(-1, tokens.cpu()[:, None]).squeeze(-1)
     torch.testing.assert_close(logprobs.cpu(), expected)
+
+
+# (temperature, top_k, top_p, min_p) per row: greedy, plain temperature, each filter, and all
+SAMPLING_ROWS = [
+    (0.0, 0, 1.0, 0.0),
+    (1.0, 0, 1.0, 0.0),
+    (0.7, 5, 1.0, 0.0),
+    (1.3, 0, 0.8, 0.0),
+    (1.0, 0, 1.0, 0.05),
+    (0.9, 40, 0.9, 0.02),
+    (2.0, 1, 1.0, 0.0),  # top-k 1: the greedy token
+    (1.0, 0, 0.05, 0.0),  # top-p below the top token's share: the greedy token
+]
+
+
+@pytest.mark.parametrize("vocab", [300, 5000])  # 5000: a row in two loop blocks
+def test_sampling_draws_the_torch_samplers_tokens(vocab: int) -> None:
+    gen = torch.Generator().manual_seed(vocab)
+    draws = 4  # each row with several seeds
+    rows = [(*params, seed, 0) for params in SAMPLING_ROWS for seed in range(draws)]
+    logits = 3 * torch.randn(len(rows), vocab, generator=gen)
+    logits[1 * draws, 7] = -torch.inf  # a token a logits processor masked
+    batch = make_sampling_batch(rows, torch.device("cpu"))
+    expected, _ = choose(logits, batch)
+    b = make_sampling_batch(rows, DEVICE)
+    tokens = KERNELS.sample(
+        logits.to(DEVICE), b.temperature, b.top_k, b.top_p, b.min_p, b.uniforms
+    ).cpu()
+    assert tokens.tolist() == expected.tolist()
+    assert len(set(tokens[draws : 2 * draws].tolist())) > 1  # the seeds draw different tokens

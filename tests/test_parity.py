@@ -9,8 +9,9 @@ import torch
 
 from runtime.config import EngineConfig
 from runtime.frontend.launch import open_engine
+from runtime.sampling_params import SamplingParams
 from tests.conftest import ARCHS
-from tests.engine_helpers import collect, collect_all
+from tests.engine_helpers import collect, collect_all, random_prompts
 from tests.parity_helpers import GREEDY, SHARED, prompt_set
 
 # the compiled CPU kernels (the default) in both modes, and the torch reference path
@@ -121,3 +122,30 @@ async def test_triton_kernels_greedy_parity(
     assert warm["tokens"] == references[arch][0]
     assert [r["tokens"] for r in results] == [references[arch][1 + i] for i in picked]
     assert all(r["num_cached_tokens"] >= 80 for r in results), results
+
+
+async def test_triton_sampling_draws_what_the_torch_sampler_draws(
+    model_dirs: dict[str, Path],
+) -> None:
+    """Seeded requests with every filter: the Triton sampler (no sort) picks the tokens the
+    torch sampler picks, given the same model (float32) and the same per-request seeds."""
+    prompts = random_prompts([12, 30], seed=5)
+    params_each = [
+        SamplingParams(max_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=3),
+        SamplingParams(max_tokens=8, temperature=1.2, min_p=0.05, seed=4),
+    ]
+    runs = []
+    for backend in ("torch", "triton"):
+        config = EngineConfig(
+            dtype="float32",
+            model=str(model_dirs["llama"]),
+            mode="inproc",
+            device="cuda" if torch.cuda.is_available() else "cpu",
+            attention_backend=backend,  # type: ignore[arg-type]
+            max_model_len=128,
+        )
+        async with open_engine(config) as engine:
+            results = await collect_all(engine, prompts, None, params_each=params_each)
+        runs.append([r["tokens"] for r in results])
+    assert runs[0] == runs[1]
+    assert all(len(tokens) == 8 for tokens in runs[0])

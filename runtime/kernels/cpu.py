@@ -85,6 +85,7 @@ class CpuKernels:
 
     name = "cpp"
     extends = False  # prefill chunks run torch's fused SDPA
+    samples = False  # sampled rows run the torch sampler (greedy ones: `greedy`)
 
     def __init__(self, library: Path) -> None:
         lib = ctypes.CDLL(str(library))

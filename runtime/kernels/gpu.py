@@ -17,6 +17,7 @@ from runtime.kernels.gpu_attention import (
     store_kv_kernel,
 )
 from runtime.kernels.gpu_fused import add_rms_norm_kernel, rotary_kernel, silu_and_mul_kernel
+from runtime.kernels.gpu_sampling import sample_kernel
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 BLOCK_N = 32  # cached tokens per iteration of the attention loops
@@ -47,6 +48,7 @@ class TritonKernels:
 
     name = "triton"
     extends = True  # prefill chunks go through `extend`, not torch's SDPA
+    samples = True  # sampled rows go through `sample`, not a sort
 
     def store_kv(self, kv_cache: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor) -> None:
         """kv: [T, 2 * kv_heads, head_dim], tokens may be strided; slots: [T] (-1: skip)."""
@@ -149,6 +151,25 @@ class TritonKernels:
         rotary_kernel[(tokens,)](
             x, cos, sin_signed, x.stride(0), heads, dim, HEADS=_pow2(heads), HALF=_pow2(dim // 2)
         )
+
+    def sample(
+        self,
+        logits: torch.Tensor,  # [B, vocab] float32
+        temperature: torch.Tensor,  # [B] float32; 0: greedy
+        top_k: torch.Tensor,  # [B] int64; 0: all
+        top_p: torch.Tensor,  # [B] float32
+        min_p: torch.Tensor,  # [B] float32
+        uniforms: torch.Tensor,  # [B] float64 in (0, 1)
+    ) -> torch.Tensor:  # [B] int64: the torch sampler's tokens (runtime/kernels/gpu_sampling.py)
+        rows, vocab = logits.shape
+        if logits.dtype != torch.float32 or logits.stride(1) != 1:
+            raise KernelError(f"expected float32 [B, vocab] logits, got {logits.dtype}")
+        tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
+        sample_kernel[(rows,)](
+            tokens, logits, temperature, top_k, top_p, min_p, uniforms, vocab, logits.stride(0),
+            BLOCK=min(4096, _pow2(vocab)),
+        )  # fmt: skip
+        return tokens
 
     def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(argmax [B], its log-probability [B]) of float32 logits [B, vocab]."""

@@ -19,6 +19,7 @@ BACKENDS = ("auto", "cpp", "triton", "torch")
 class Kernels(Protocol):
     name: str  # "cpp" or "triton", as the worker reports it
     extends: bool  # True: an ExtendKernels, whose `extend` computes prefill chunks
+    samples: bool  # True: a SamplingKernels, whose `sample` draws the sampled rows' tokens
 
     def store_kv(self, kv_cache: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor) -> None: ...
 
@@ -59,6 +60,21 @@ class ExtendKernels(Kernels, Protocol):
         context_lens: torch.Tensor,
         max_queries: int,
         scale: float,
+    ) -> torch.Tensor: ...
+
+
+class SamplingKernels(Kernels, Protocol):
+    """Kernels that also sample: temperature, top-k, top-p and min-p, from one uniform per
+    row, as runtime/worker/sampler.py's `choose` does."""
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        temperature: torch.Tensor,
+        top_k: torch.Tensor,
+        top_p: torch.Tensor,
+        min_p: torch.Tensor,
+        uniforms: torch.Tensor,
     ) -> torch.Tensor: ...
 
 

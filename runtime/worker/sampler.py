@@ -9,10 +9,11 @@ cumulative distribution of the filtered probabilities, sorted from most to least
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
-from runtime.kernels.select import Kernels
+from runtime.kernels.select import Kernels, SamplingKernels
 
 _MASK64 = (1 << 64) - 1
 
@@ -77,7 +78,12 @@ def sample(
     if kernels is not None and batch.all_greedy and logits.is_contiguous():
         return kernels.greedy(logits)  # one pass for the argmax, one for the log-sum-exp
     logprobs = torch.log_softmax(logits, dim=-1)
-    tokens, _ = choose(logits, batch)
+    if kernels is not None and kernels.samples:  # the same tokens, without sorting
+        b = batch
+        sampler = cast(SamplingKernels, kernels)
+        tokens = sampler.sample(logits, b.temperature, b.top_k, b.top_p, b.min_p, b.uniforms)
+    else:
+        tokens, _ = choose(logits, batch)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
