@@ -23,6 +23,7 @@ from runtime.wire.messages import StepPlan
 from runtime.worker.logprobs import PromptLogprobs
 from runtime.worker.sampler import SamplingBatch, make_sampling_batch
 from runtime.worker.seq_table import SeqTable, WorkerSeq
+from runtime.worker.transfer import device_tensor
 
 
 @dataclass(slots=True)
@@ -172,4 +173,4 @@ class InputBuilder:
         return make_sampling_batch(rows, self.device)
 
     def _tensor(self, values: list[int] | list[list[int]]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
+        return device_tensor(values, torch.long, self.device)

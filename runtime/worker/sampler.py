@@ -14,6 +14,7 @@ from typing import cast
 import torch
 
 from runtime.kernels.select import Kernels, SamplingKernels
+from runtime.worker.transfer import device_tensor
 
 _MASK64 = (1 << 64) - 1
 
@@ -52,11 +53,11 @@ def make_sampling_batch(
     temperature, top_k, top_p, min_p, seeds, positions = zip(*rows, strict=True)
     all_greedy = all(t == 0.0 for t in temperature)
     return SamplingBatch(
-        temperature=torch.tensor(temperature, dtype=torch.float32, device=device),
-        top_k=torch.tensor(top_k, dtype=torch.long, device=device),
-        top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
-        min_p=torch.tensor(min_p, dtype=torch.float32, device=device),
-        uniforms=torch.tensor(
+        temperature=device_tensor(temperature, torch.float32, device),
+        top_k=device_tensor(top_k, torch.long, device),
+        top_p=device_tensor(top_p, torch.float32, device),
+        min_p=device_tensor(min_p, torch.float32, device),
+        uniforms=device_tensor(
             [0.5 if all_greedy else uniform(s, p) for s, p in zip(seeds, positions, strict=True)],
             dtype=torch.float64,
             device=device,
