@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError("--request-timeout must be positive, or 0 for no limit")
         args.api_key = api_key(args)
         config = engine_config(args)
+        check_device(config.device)
     except ValueError as exc:
         parser.error(str(exc))
     try:
@@ -105,6 +106,26 @@ def api_key(args: argparse.Namespace) -> str | None:
     if key is not None and not key.strip():
         raise ValueError("the API key (--api-key-file, --api-key or RUNTIME_API_KEY) is empty")
     return key
+
+
+def check_device(device: str) -> None:
+    """Refuse a device torch cannot use here before any actor starts, rather than let the
+    worker die on its first tensor."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"--device {device!r}: {exc}") from None
+    if parsed.type == "cpu":
+        return
+    if parsed.type != "cuda":
+        raise ValueError(f"--device {device!r}: only cpu and cuda are supported")
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible == 0 or (parsed.index or 0) >= visible:
+        raise ValueError(
+            f"--device {device!r}: torch {torch.__version__} sees {visible} CUDA device(s)"
+        )
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

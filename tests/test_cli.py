@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.cli import api_key, build_parser, engine_config, raise_open_file_limit
+from runtime.cli import api_key, build_parser, engine_config, main, raise_open_file_limit
 from runtime.config import EngineConfig
 from runtime.worker.kv_memory import default_kv_cache_memory
 
@@ -106,3 +106,15 @@ def test_the_kv_pool_defaults_to_256_mib_on_cpu() -> None:
     assert default_kv_cache_memory(torch.device("cpu"), 0.9) == 256 * 2**20
     with pytest.raises(ValueError, match="kv_cache_memory must be >= 0"):
         EngineConfig(model="m", kv_cache_memory=-1)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:7", "tpu", "nonsense"])
+def test_a_device_torch_cannot_use_is_refused_before_any_actor_starts(
+    device: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--device", device, "--port", "0"])
+    assert exit_info.value.code == 2
+    assert f"--device {device!r}" in capsys.readouterr().err
