@@ -60,8 +60,11 @@ def cases(dtype: str) -> list[tuple[str, str, dict[str, str], dict[str, Any]]]:
         ),
         ("gpu_attention", "combine_splits_kernel", combine, dict(SPLITS=1, DIM=128)),
         ("gpu_attention", "combine_splits_kernel", combine, dict(SPLITS=16, DIM=128)),
-        ("gpu_attention", "extend_kernel", extend,
-         dict(GROUP=4, DIM=128, BLOCK_M=16, BLOCK_N=32, DOT_FP32=fp32)),
+        *(
+            ("gpu_attention", "extend_kernel", extend,
+             dict(GROUP=4, DIM=128, BLOCK_M=block_m, BLOCK_N=32, DOT_FP32=fp32))
+            for block_m in (16, 64)
+        ),
         ("gpu_fused", "add_rms_norm_kernel", norm, dict(HAS_RESIDUAL=True, BLOCK=4096)),
         ("gpu_fused", "add_rms_norm_kernel", norm, dict(HAS_RESIDUAL=False, BLOCK=4096)),
         ("gpu_fused", "silu_and_mul_kernel", dict(out=p, x=p, inter="i32"), dict(BLOCK=1024)),

@@ -21,7 +21,9 @@ from runtime.kernels.gpu_sampling import sample_kernel
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 BLOCK_N = 32  # cached tokens per iteration of the attention loops
-BLOCK_M = 16  # queries per program of extend (tl.dot's smallest tile)
+# queries per program of extend: 64 fills the tensor cores on long chunks; 16 (tl.dot's
+# smallest tile) wastes less on short ones, such as a few new tokens after a cached prefix
+BLOCK_M_LONG, BLOCK_M_SHORT = 64, 16
 SPLIT_MIN_TOKENS = 256  # decode splits a context only into parts at least this long
 MAX_SPLITS = 16
 
@@ -105,12 +107,13 @@ class TritonKernels:
         _check_rows(q, kv_cache)
         _, kv_heads, num_blocks, block_size, _ = kv_cache.shape
         out = q.new_empty((tokens, heads, dim))
-        grid = (block_tables.shape[0], heads, -(-max_queries // BLOCK_M))
+        block_m = BLOCK_M_LONG if max_queries >= BLOCK_M_LONG else BLOCK_M_SHORT
+        grid = (block_tables.shape[0], heads, -(-max_queries // block_m))
         extend_kernel[grid](
             out, q, kv_cache, block_tables, q_starts, q_lens, context_lens,
             q.stride(0), block_tables.shape[1], kv_heads, num_blocks * block_size,
             block_size, dim, scale,
-            GROUP=heads // kv_heads, DIM=_dot_dim(dim), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+            GROUP=heads // kv_heads, DIM=_dot_dim(dim), BLOCK_M=block_m, BLOCK_N=BLOCK_N,
             DOT_FP32=_dot_fp32(q.dtype),
         )  # fmt: skip
         return out
