@@ -77,7 +77,7 @@ def test_a_padded_step_computes_what_the_step_computes(
         rows = torch.arange(len(lens), device=DEVICE)
         expected = runner.model(ids, positions, eager_cache, meta, rows)
         graphs = DecodeGraphs(runner.model, cache, runner.kernels, max_batch=8, max_width=8)
-        assert graphs.fits(meta, num_logit_rows=len(lens))
+        assert graphs.fits(meta, num_sampled=len(lens), scores_prompts=False)
         if DEVICE.type == "cuda":
             graphs.capture()
         logits = graphs.run(ids, positions, meta)
@@ -97,13 +97,22 @@ def test_only_pure_decode_steps_that_fit_take_the_graphs(runner: ModelRunner) ->
     assert runner.model is not None and runner.kernels is not None
     graphs = DecodeGraphs(runner.model, runner.kv_caches, runner.kernels, max_batch=4, max_width=2)
     _, _, slots, tables, lens = decode_step(runner, [20, 3])
-    assert graphs.fits(metadata(runner, slots, tables, lens), num_logit_rows=2)
-    # a prompt's log-probabilities need more rows than the sequences
-    assert not graphs.fits(metadata(runner, slots, tables, lens), num_logit_rows=3)
+    assert graphs.fits(metadata(runner, slots, tables, lens), num_sampled=2, scores_prompts=False)
+    # a one-token prompt chunk: a decode row that does not sample, or that scores its prompt
+    assert not graphs.fits(
+        metadata(runner, slots, tables, lens), num_sampled=1, scores_prompts=False
+    )
+    assert not graphs.fits(
+        metadata(runner, slots, tables, lens), num_sampled=2, scores_prompts=True
+    )
     chunk = metadata(runner, slots, tables, lens)
     chunk.prefills = [PrefillSlice(2, 5, 5, None, None)]
-    assert not graphs.fits(chunk, num_logit_rows=3)
+    assert not graphs.fits(chunk, num_sampled=3, scores_prompts=False)
     _, _, slots, tables, lens = decode_step(runner, [40])  # 3 blocks > max_width
-    assert not graphs.fits(metadata(runner, slots, tables, lens), num_logit_rows=1)
+    assert not graphs.fits(
+        metadata(runner, slots, tables, lens), num_sampled=1, scores_prompts=False
+    )
     _, _, slots, tables, lens = decode_step(runner, [5] * 5)  # 5 > max_batch
-    assert not graphs.fits(metadata(runner, slots, tables, lens), num_logit_rows=5)
+    assert not graphs.fits(
+        metadata(runner, slots, tables, lens), num_sampled=5, scores_prompts=False
+    )

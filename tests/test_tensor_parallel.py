@@ -150,6 +150,26 @@ async def test_a_rank_that_cannot_start_names_itself_and_the_cause(
     assert {str(e).split("RankStartError: ")[1] for e in errors} == {cause}
 
 
+async def test_ranks_with_unequal_kv_pools_refuse_to_start(
+    llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler plans one pool for every rank: a rank with fewer blocks (a smaller
+    GPU under --gpu-memory-utilization) would be handed block ids past its pool's end."""
+    real = shard_follower.ModelRunner
+
+    def runner(config: EngineConfig, progress: bool, tp: TPGroup, device: object) -> object:
+        built = real(config, progress, tp, device)  # type: ignore[arg-type]
+        built.num_blocks -= tp.rank  # rank 1: one block fewer
+        return built
+
+    monkeypatch.setattr(shard_follower, "ModelRunner", runner)
+    with pytest.raises(BaseExceptionGroup) as raised:
+        async with open_engine(tp_config(llama_dir)):
+            pass
+    errors = list(flatten(raised.value))
+    assert errors and all("the ranks' KV pools differ" in str(e) for e in errors), errors
+
+
 def flatten(group: BaseExceptionGroup) -> Iterator[BaseException]:
     for exc in group.exceptions:
         yield from flatten(exc) if isinstance(exc, BaseExceptionGroup) else [exc]

@@ -59,6 +59,7 @@ class DecodeGraphs:
     def max_batch(self) -> int:
         return self.buckets[-1]
 
+    @torch.inference_mode()  # no autograd records in the graphs' outputs
     def capture(self) -> None:
         """Record every bucket's graph, the largest first so the others reuse its memory."""
         pool = None
@@ -72,13 +73,16 @@ class DecodeGraphs:
             self.graphs[bucket] = graph
         torch.cuda.synchronize()
 
-    def fits(self, meta: AttentionMetadata, num_logit_rows: int) -> bool:
-        """A pure decode step, small enough, sampling one row per sequence."""
+    def fits(self, meta: AttentionMetadata, num_sampled: int, scores_prompts: bool) -> bool:
+        """A pure decode step, small enough, in which every sequence samples and none scores
+        its prompt: then its logit rows are its rows, in order, as the graphs compute them.
+        (A one-token prompt chunk is a decode row that may score but not sample.)"""
         tables = meta.decode_tables
         return (
             not meta.prefills
             and 0 < meta.num_decodes <= self.max_batch
-            and num_logit_rows == meta.num_decodes
+            and num_sampled == meta.num_decodes
+            and not scores_prompts
             and tables is not None
             and tables.shape[1] <= self.tables.shape[1]
         )

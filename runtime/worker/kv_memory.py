@@ -7,18 +7,25 @@ import torch
 CPU_KV_CACHE_MEMORY = 256 * 2**20
 
 
-def default_kv_cache_memory(device: torch.device, gpu_memory_utilization: float) -> int:
-    """256 MiB on CPU. On CUDA, once the weights are loaded, what is left of the GPU's
-    `gpu_memory_utilization` share (vLLM's rule; the rest is for activations, CUDA graphs and
-    other processes): e.g. 0.9 of an 80 GB GPU holding 16 GB of weights leaves 56 GB."""
+def default_kv_cache_memory(
+    device: torch.device, gpu_memory_utilization: float, sharers: int = 1
+) -> int:
+    """256 MiB on CPU. On CUDA, vLLM's rule: this worker may fill `gpu_memory_utilization` of
+    the GPU (divided among the `sharers`, data-parallel replicas on the same GPU), and the KV
+    pool gets that share less what the worker already holds (its weights); the rest of the
+    GPU is for activations, CUDA graphs and the CUDA context. It does not depend on what
+    other processes hold at this moment, so replicas loading side by side, and
+    tensor-parallel ranks with equal shards, get the same answer."""
     if device.type != "cuda":
         return CPU_KV_CACHE_MEMORY
-    free, total = torch.cuda.mem_get_info(device)
-    usable = free - int((1.0 - gpu_memory_utilization) * total)
-    if usable <= 0:
+    total = torch.cuda.get_device_properties(device).total_memory
+    share = int(gpu_memory_utilization * total / sharers)
+    held = torch.cuda.memory_allocated(device)
+    if share <= held:
         raise ValueError(
-            f"no GPU memory is left for the KV cache: {free / 2**30:.1f} GiB free of "
-            f"{total / 2**30:.1f} GiB, and --gpu-memory-utilization {gpu_memory_utilization} "
-            "keeps back the rest; raise it, or set --kv-cache-memory"
+            f"no GPU memory is left for the KV cache: this worker holds {held / 2**30:.1f} GiB "
+            f"of its {share / 2**30:.1f} GiB share (--gpu-memory-utilization "
+            f"{gpu_memory_utilization} of {total / 2**30:.1f} GiB, over {sharers} replica(s)); "
+            "raise it, or set --kv-cache-memory"
         )
-    return usable
+    return share - held

@@ -145,7 +145,7 @@ class ModelRunner:
         ):
             graphs = None
         elif graphs is None or not graphs.records(model, self.kv_caches):
-            self.decode_graphs = None  # the old ones hold memory while the new ones capture
+            self.decode_graphs = graphs = None  # free the old ones before the new ones capture
             width = -(-self.max_model_len // self.block_size)
             graphs = DecodeGraphs(model, self.kv_caches, kernels, self.config.max_num_seqs, width)
             graphs.capture()
@@ -162,6 +162,7 @@ class ModelRunner:
             self.kv_caches = torch.empty(0, dtype=self.info.dtype, device=self.device)
         if "weights" in tags:
             self.model = None
+        self.decode_graphs = None  # they hold the weights, the KV pool and their own memory
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -255,7 +256,7 @@ class ModelRunner:
     def _num_kv_blocks(self) -> int:
         per_block = self.info.kv_bytes_per_block(self.block_size, self.num_kv_heads)
         memory = self.config.kv_cache_memory or default_kv_cache_memory(
-            self.device, self.config.gpu_memory_utilization
+            self.device, self.config.gpu_memory_utilization, self.config.data_parallel_size
         )
         blocks = self.config.num_kv_blocks or memory // per_block
         if blocks * self.block_size < self.max_model_len:
@@ -283,7 +284,8 @@ class ModelRunner:
         prepared = time.perf_counter()
         assert self.model is not None, "a step while the weights are released"
         graphs = self._graphs()
-        if graphs is not None and graphs.fits(inputs.meta, len(inputs.logit_rows)):
+        scores_prompts = bool(inputs.prompt_rows)
+        if graphs is not None and graphs.fits(inputs.meta, len(inputs.sampled), scores_prompts):
             logits = graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
         else:
             logits = self.model(

@@ -89,4 +89,12 @@ def build_rank(
     error = tp_group.agree(group, error)
     if error:
         raise RankStartError(error)
+    # the scheduler plans one pool for all ranks: a rank with fewer blocks would be handed
+    # ids past its end (equal shards size equal pools; unequal GPUs may not)
+    fewest = tp_group.smallest(group, runner.num_blocks)
+    most = -tp_group.smallest(group, -runner.num_blocks)
+    if fewest != most:
+        raise RankStartError(
+            f"the ranks' KV pools differ ({fewest} to {most} blocks): set --kv-cache-memory"
+        )
     return runner

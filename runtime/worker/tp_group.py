@@ -94,3 +94,14 @@ def agree(group: TPGroup, error: str) -> str:
         return ""
     first = int(failed.nonzero()[0])
     return str(group.store.get(f"{key}-{first}").decode())
+
+
+def smallest(group: TPGroup, value: int) -> int:
+    """The smallest of every rank's `value` (every rank must call it, like `agree`): e.g. KV
+    blocks, which must be the same count on all ranks, as the scheduler plans for one."""
+    if group.size == 1:
+        return value
+    values = torch.zeros(group.size, dtype=torch.int64, device=group.device)
+    values[group.rank] = value
+    group.all_reduce_(values, LOAD_TIMEOUT)
+    return int(values.min())
