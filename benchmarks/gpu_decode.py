@@ -146,7 +146,7 @@ def main() -> None:
         eager, replay, width = measure(model, kv_caches, kernels, batch, args.context, args.repeats)
         read = weight_bytes - embedding_bytes + batch * args.context * kv_per_token
         roofline = read / bandwidth
-        splits = decode_splits(width * BLOCK_SIZE)[0]
+        splits = decode_splits(width * BLOCK_SIZE)
         print(f"{batch:5d}  {splits:6d}  {eager * 1e3:8.2f}  {replay * 1e3:8.2f}  "
               f"{read / 1e9:7.2f}  {roofline * 1e3:11.2f}  {roofline / replay:17.0%}")  # fmt: skip
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig
 
-from runtime.kernels.gpu import MAX_SPLITS, TritonKernels, decode_splits
+from runtime.kernels.gpu import TritonKernels, decode_splits
 from runtime.layers.basic import RMSNorm
 from runtime.layers.rotary import RotaryEmbedding, apply_rope_
 from runtime.worker.sampler import choose, make_sampling_batch
@@ -71,12 +71,22 @@ def test_decode_padding_rows_give_zeros() -> None:
     )
 
 
-@pytest.mark.parametrize("longest", [1, 255, 256, 700, 5000, 10**6])
-def test_decode_splits_cover_the_context(longest: int) -> None:
-    splits, per_split = decode_splits(longest)
-    assert 1 <= splits <= MAX_SPLITS and per_split % 32 == 0
-    assert splits * per_split >= longest  # no token left out
-    assert (splits - 1) * per_split < longest or splits == 1  # no split left empty
+@pytest.mark.parametrize(
+    ("longest", "splits"), [(1, 1), (255, 1), (600, 2), (5000, 16), (10**6, 16)]
+)
+def test_decode_splits_grow_with_the_context(longest: int, splits: int) -> None:
+    assert decode_splits(longest) == splits
+
+
+def test_a_short_context_in_a_wide_batch_spreads_over_the_splits() -> None:
+    """A CUDA graph sizes the splits for max_model_len: each sequence divides its own
+    length, so a short one is right too (and a length that does not divide evenly)."""
+    q, cache, tables, lens = random_case(3, 4, 2, 32, 16, 40, torch.float32)
+    wide = torch.cat([tables, tables.new_zeros(3, 300)], dim=1)  # 5,000+ tokens: 16 splits
+    lens[:] = torch.tensor([40, 1, 33])
+    expected = reference(q, cache, tables, lens, 0.2)
+    out = KERNELS.decode(*on_device(q, cache, wide, lens), 0.2).cpu()
+    torch.testing.assert_close(out.double(), expected, **ATTENTION_CLOSE[torch.float32])
 
 
 def extend_reference(q, cache, tables, q_lens, context_lens, scale):  # type: ignore[no-untyped-def]
@@ -229,6 +239,34 @@ def test_sampling_draws_the_torch_samplers_tokens(vocab: int) -> None:
     ).cpu()
     assert tokens.tolist() == expected.tolist()
     assert len(set(tokens[draws : 2 * draws].tolist())) > 1  # the seeds draw different tokens
+
+
+@pytest.mark.parametrize(
+    ("params", "tail", "allowed"),
+    [
+        ((1.0, 0, 1.0, 0.0), True, range(6)),  # each of six equal tokens gets drawn
+        ((1.0, 4, 1.0, 0.0), True, range(4)),  # top-k cuts through the tie: the first four
+        ((1.0, 0, 0.5, 0.0), False, range(3)),  # top-p: half the mass ends after three
+        ((1.0, 0, 0.5, 0.0), True, range(4)),  # ... and a tiny tail makes the fourth fit
+    ],
+)
+def test_sampling_among_equal_probabilities_follows_the_stable_order(
+    params: tuple[float, int, float, float], tail: bool, allowed: range
+) -> None:
+    """bf16 logits tie often. The torch sampler sorts stably (ties by index); the kernel
+    must draw each tied token where the sort would, not always the first."""
+    vocab = 40
+    logits = torch.full((1, vocab), -20.0 if tail else -torch.inf)
+    logits[0, 3:9] = 5.0  # tokens 3..8, equal
+    rows = [(*params, seed, 0) for seed in range(24)]
+    logits = logits.expand(len(rows), vocab).contiguous()
+    expected, _ = choose(logits, make_sampling_batch(rows, torch.device("cpu")))
+    b = make_sampling_batch(rows, DEVICE)
+    tokens = KERNELS.sample(
+        logits.to(DEVICE), b.temperature, b.top_k, b.top_p, b.min_p, b.uniforms
+    ).cpu()
+    assert tokens.tolist() == expected.tolist()
+    assert set(tokens.tolist()) == {3 + i for i in allowed}  # every kept tie, no other
 
 
 def test_every_kernel_compiles_for_a_hopper_gpu() -> None:

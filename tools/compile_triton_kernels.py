@@ -15,8 +15,9 @@ import os
 import sys
 from typing import Any
 
+# Python ints reach a kernel as i32 when they fit, as strides and cache sizes here do
 ATTENTION_INPUTS = dict(
-    q_stride="i64", width="i32", kv_heads="i32", plane_slots="i64", block_size="i32", dim="i32"
+    q_stride="i32", width="i32", kv_heads="i32", plane_slots="i32", block_size="i32", dim="i32"
 )
 
 
@@ -31,7 +32,6 @@ def cases(dtype: str) -> list[tuple[str, str, dict[str, str], dict[str, Any]]]:
         tables="*i64",
         lens="*i64",
         **ATTENTION_INPUTS,
-        split_tokens="i32",
         scale="fp32",
     )
     extend = dict(
@@ -46,11 +46,11 @@ def cases(dtype: str) -> list[tuple[str, str, dict[str, str], dict[str, Any]]]:
         scale="fp32",
     )
     store = dict(
-        cache=p, kv=p, slots="*i64", token_stride="i64", planes="i32", plane_slots="i64", dim="i32"
+        cache=p, kv=p, slots="*i64", token_stride="i32", planes="i32", plane_slots="i32", dim="i32"
     )
     combine = dict(out=p, partial_out="*fp32", partial_lse="*fp32", splits="i32", dim="i32")
     norm = dict(out=p, residual=p, x=p, weight=p, dim="i32", eps="fp32")
-    rotary = dict(x=p, cos=p, sin_signed=p, token_stride="i64", heads="i32", dim="i32")
+    rotary = dict(x=p, cos=p, sin_signed=p, token_stride="i32", heads="i32", dim="i32")
     return [
         ("gpu_attention", "store_kv_kernel", store, dict(PLANES=16, DIM=128)),
         *(
@@ -74,7 +74,7 @@ def cases(dtype: str) -> list[tuple[str, str, dict[str, str], dict[str, Any]]]:
 
 SAMPLING = dict(
     tokens="*i64", logits="*fp32", temperatures="*fp32", top_ks="*i64", top_ps="*fp32",
-    min_ps="*fp32", uniforms="*fp64", vocab="i32", stride="i64",
+    min_ps="*fp32", uniforms="*fp64", vocab="i32", stride="i32",
 )  # fmt: skip
 
 

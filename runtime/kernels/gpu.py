@@ -36,12 +36,11 @@ def interpreting() -> bool:
     return bool(triton.knobs.runtime.interpret)
 
 
-def decode_splits(max_context: int) -> tuple[int, int]:
-    """(splits, tokens per split) for contexts of up to `max_context` tokens: enough splits
-    that a long context keeps the GPU busy at small batch, none that would be empty."""
-    splits = max(1, min(MAX_SPLITS, max_context // SPLIT_MIN_TOKENS))
-    per_split = -(-max(max_context, 1) // splits)
-    return splits, -(-per_split // BLOCK_N) * BLOCK_N
+def decode_splits(max_context: int) -> int:
+    """How many parts decode splits each context into, for contexts of up to `max_context`
+    tokens: enough that a long one keeps the GPU busy at small batch, at most one per
+    SPLIT_MIN_TOKENS. Each sequence divides its own length by it (decode_kernel)."""
+    return max(1, min(MAX_SPLITS, max_context // SPLIT_MIN_TOKENS))
 
 
 class TritonKernels:
@@ -76,13 +75,12 @@ class TritonKernels:
         if heads % kv_heads:
             raise KernelError(f"{heads} query heads do not group over {kv_heads} kv heads")
         group, width = heads // kv_heads, block_tables.shape[1]
-        splits, split_tokens = decode_splits(width * block_size)
+        splits = decode_splits(width * block_size)
         partial_out = q.new_empty((batch, heads, splits, _dot_dim(dim)), dtype=torch.float32)
         partial_lse = q.new_empty((batch, heads, splits), dtype=torch.float32)
         decode_kernel[(batch, kv_heads, splits)](
             partial_out, partial_lse, q, kv_cache, block_tables, context_lens,
-            q.stride(0), width, kv_heads, num_blocks * block_size, block_size, dim,
-            split_tokens, scale,
+            q.stride(0), width, kv_heads, num_blocks * block_size, block_size, dim, scale,
             GROUP=group, GROUP_PAD=max(16, _pow2(group)), DIM=_dot_dim(dim), BLOCK_N=BLOCK_N,
             DOT_FP32=_dot_fp32(q.dtype),
         )  # fmt: skip

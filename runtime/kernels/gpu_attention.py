@@ -9,8 +9,8 @@ computed per token.
 
 Scores, the softmax and the accumulators are float32. With DOT_FP32 the products are too
 (float32 caches, and Triton's interpreter, which cannot multiply bfloat16); otherwise q·k and
-p·v run in the cache's dtype on the tensor cores, p rounded as the torch path's matmul rounds
-it.
+p·v run in the cache's dtype on the tensor cores, with p (the exponentials against the running
+maximum, before normalizing) rounded to that dtype.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _cached_rows(cache, table, pos, inside, plane, plane_slots, block_size, dim,
     block = tl.load(table + pos // block_size, mask=inside, other=0).to(tl.int64)
     slot = block * block_size + pos % block_size
     col = tl.arange(0, DIM)[None, :]
-    address = cache + (plane * plane_slots + slot[:, None]) * dim + col
+    address = cache + (plane.to(tl.int64) * plane_slots + slot[:, None]) * dim + col
     return tl.load(address, mask=inside[:, None] & (col < dim), other=0.0)
 
 
@@ -74,7 +74,6 @@ def decode_kernel(
     plane_slots,
     block_size,
     dim,
-    split_tokens,  # tokens per split, a multiple of BLOCK_N
     scale,
     GROUP: tl.constexpr,  # query heads per kv head
     GROUP_PAD: tl.constexpr,  # GROUP rounded up for tl.dot (at least 16)
@@ -89,6 +88,9 @@ def decode_kernel(
     split = tl.program_id(2)
     splits = tl.num_programs(2)
     length = tl.load(lens + seq)
+    # each sequence splits its own context: a short one in a batch (or a CUDA graph) sized
+    # for long ones still spreads over every split
+    split_tokens = tl.cdiv(tl.cdiv(length, splits), BLOCK_N) * BLOCK_N
     start = split * split_tokens
     end = tl.minimum(length, start + split_tokens)
     g = tl.arange(0, GROUP_PAD)

@@ -2,7 +2,8 @@
 and rotary embedding in place. One program per token row.
 
 Each loads in the model's dtype, computes in float32 and rounds where the torch reference
-(runtime/layers/) rounds, so float32 matches it to the last bits and bfloat16 to one rounding.
+(runtime/layers/) rounds. In the interpreter float32 matches it to the last bits; on a GPU,
+Triton's exp, division and rsqrt are the fast approximate ones, a few ulp off.
 Arithmetic never runs on bfloat16 values directly: Triton's interpreter (TRITON_INTERPRET=1,
 how CI runs these kernels without a GPU) stores bfloat16 as raw bits and computes on those,
 and it truncates float32 to bfloat16 where the GPU rounds; `round_to` rounds on both.
@@ -19,8 +20,9 @@ def round_to(x, dtype: tl.constexpr):
     """float32 x rounded to `dtype`, to nearest even, as torch rounds."""
     if dtype == tl.bfloat16:  # by hand: the interpreter's cast would truncate
         bits = x.to(tl.uint32, bitcast=True)
-        upper = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # shifts: no 64-bit literal mask
-        return (upper << 16).to(tl.float32, bitcast=True).to(tl.bfloat16)
+        upper = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        rounded = (upper << 16).to(tl.float32, bitcast=True)
+        return tl.where(x == x, rounded, float("nan")).to(tl.bfloat16)  # a NaN stays one
     return x.to(dtype)
 
 

@@ -1,20 +1,24 @@
 """Sampling in Triton without sorting the vocabulary: greedy, temperature, min-p, top-k and
-top-p, drawing the same token as the torch sampler (runtime/worker/sampler.py) from the same
+top-p, drawing the torch sampler's token (runtime/worker/sampler.py) from the same
 per-request uniform number.
 
-The torch sampler sorts the probabilities, filters them, and inverts the cumulative
-distribution in sorted order: it picks the most likely token t whose `mass(p >= p_t)` exceeds
-`u * total`. Every step of that depends on the order only through thresholds on the
-probability, and each threshold is found by bisection on the bits of a float32 (positive
-floats order as their bit patterns do), each probe one pass over the row:
+The torch sampler sorts the probabilities (most likely first, equal ones by index), filters
+them, and inverts the cumulative distribution in that order. Every step depends on the order
+only through a cut in it: a value v and, among the tokens of probability exactly v, the
+last index kept. So each filter here finds its cut:
 
-- min-p keeps p >= min_p * max(p);
-- top-k keeps p >= the k-th largest p (bisection on the count above a value);
-- top-p keeps p_t when the kept mass above p_t is under top_p of the kept total;
-- the draw takes the largest kept value v whose kept mass `p >= v` exceeds u * total.
+- min-p keeps p >= min_p * max(p), every tie included;
+- top-k finds the k-th largest value by bisection on the count at or above a value (positive
+  floats order as their bit patterns do: each probe is one pass over the row), then keeps
+  the ties there that fit in k, by index;
+- top-p finds the smallest value whose kept mass above it is under top_p of the kept total,
+  then keeps the ties there whose mass before them is still under it;
+- the draw finds the largest kept value whose kept mass at or above it exceeds u * total,
+  then the tie there that the target falls in.
 
-One program per row. Ties between equal probabilities may resolve differently from a sort
-(the lowest index wins here); otherwise the token is the torch sampler's.
+The cuts combine into one: the later in the order. Masses are float64, as the torch
+sampler's cumulative sum is. One program per row. On a GPU the exponentials are Triton's fast
+ones, so a target within rounding of a boundary may fall on the other side of it.
 """
 
 from __future__ import annotations
@@ -34,25 +38,59 @@ def _probs(row, cols, vocab, temperature, top, total):
 
 
 @triton.jit
-def _count_at_least(row, vocab, temperature, top, total, floor, value, BLOCK: tl.constexpr):
+def _kept(p, cols, vocab, cut_value, cut_index):
+    """Tokens at or before the cut: more likely than cut_value, or as likely and not later."""
+    return (cols < vocab) & ((p > cut_value) | ((p == cut_value) & (cols <= cut_index)))
+
+
+@triton.jit
+def _count(row, vocab, temperature, top, total, cut_value, cut_index, value, STRICT: tl.constexpr,
+           BLOCK: tl.constexpr):  # fmt: skip
+    """Kept tokens with p > value (STRICT) or p >= value."""
     count = tl.full([], 0, tl.int64)
     for start in range(0, vocab, BLOCK):
-        p = _probs(row, start + tl.arange(0, BLOCK), vocab, temperature, top, total)
-        count += tl.sum(((p >= floor) & (p >= value)).to(tl.int64), axis=0)
+        cols = start + tl.arange(0, BLOCK)
+        p = _probs(row, cols, vocab, temperature, top, total)
+        above = (p > value) if STRICT else (p >= value)
+        count += tl.sum((_kept(p, cols, vocab, cut_value, cut_index) & above).to(tl.int64), 0)
     return count
 
 
 @triton.jit
-def _mass(
-    row, vocab, temperature, top, total, floor, value, STRICT: tl.constexpr, BLOCK: tl.constexpr
-):
-    """Kept mass (p >= floor) of the probabilities above `value` (>= without STRICT), float64."""
+def _mass(row, vocab, temperature, top, total, cut_value, cut_index, value, STRICT: tl.constexpr,
+          BLOCK: tl.constexpr):  # fmt: skip
+    """Kept probability mass with p > value (STRICT) or p >= value, in float64."""
     mass = tl.full([], 0.0, tl.float64)
     for start in range(0, vocab, BLOCK):
-        p = _probs(row, start + tl.arange(0, BLOCK), vocab, temperature, top, total)
+        cols = start + tl.arange(0, BLOCK)
+        p = _probs(row, cols, vocab, temperature, top, total)
         above = (p > value) if STRICT else (p >= value)
-        mass += tl.sum(tl.where((p >= floor) & above, p.to(tl.float64), 0.0), axis=0)
+        keep = _kept(p, cols, vocab, cut_value, cut_index) & above
+        mass += tl.sum(tl.where(keep, p.to(tl.float64), 0.0), axis=0)
     return mass
+
+
+@triton.jit
+def _nth(row, vocab, temperature, top, total, cut_value, cut_index, value, n, BLOCK: tl.constexpr):
+    """The index of the n-th (from 1) kept token of probability exactly `value`."""
+    seen = tl.full([], 0, tl.int64)
+    found = tl.full([], 0, tl.int64) + vocab
+    for start in range(0, vocab, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        p = _probs(row, cols, vocab, temperature, top, total)
+        tie = _kept(p, cols, vocab, cut_value, cut_index) & (p == value)
+        order = seen + tl.cumsum(tie.to(tl.int64), axis=0)
+        hit = tl.min(tl.where(tie & (order == n), cols, vocab), axis=0).to(tl.int64)
+        found = tl.minimum(found, hit)
+        seen += tl.sum(tie.to(tl.int64), axis=0)
+    return found
+
+
+@triton.jit
+def _tighter(value_a, index_a, value_b, index_b):
+    """The later of two cuts (the one that keeps fewer tokens)."""
+    later = (value_b > value_a) | ((value_b == value_a) & (index_b < index_a))
+    return tl.where(later, value_b, value_a), tl.where(later, index_b, index_a)
 
 
 @triton.jit
@@ -71,62 +109,73 @@ def sample_kernel(
     r = tl.program_id(0).to(tl.int64)
     row = logits + r * stride
     temperature = tl.load(temperatures + r)
-    scale = tl.where(temperature > 0, temperature, 1.0)
-    # pass 1: the greedy token (first index of the maximum) and the largest scaled logit
+    t = tl.where(temperature > 0, temperature, 1.0)
+    # pass 1: the greedy token (first index of the maximum) and the largest logit
     best = tl.full([], float("-inf"), tl.float32)
-    best_index = tl.full([], 0, tl.int64)
+    token = tl.full([], 0, tl.int64)
     for start in range(0, vocab, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(row + cols, mask=cols < vocab, other=float("-inf"))
         chunk_best = tl.max(x, axis=0)
         chunk_index = tl.min(tl.where(x == chunk_best, cols, vocab), axis=0).to(tl.int64)
-        best_index = tl.where(chunk_best > best, chunk_index, best_index)
+        token = tl.where(chunk_best > best, chunk_index, token)
         best = tl.maximum(best, chunk_best)
-    token = best_index
     if temperature > 0:
-        top = best / scale
+        top = best / t
         total = tl.full([], 0.0, tl.float32)  # pass 2: the softmax's denominator
         for start in range(0, vocab, BLOCK):
             cols = start + tl.arange(0, BLOCK)
-            x = tl.load(row + cols, mask=cols < vocab, other=float("-inf")) / scale
+            x = tl.load(row + cols, mask=cols < vocab, other=float("-inf")) / t
             total += tl.sum(tl.exp(x - top), axis=0)
-        floor = tl.load(min_ps + r) * (1.0 / total)  # min-p: against the most likely token
+        last = tl.full([], 0, tl.int64) + vocab - 1
+        # min-p, against the most likely token (probability 1 / total): its ties all stay
+        cut_value, cut_index = tl.load(min_ps + r) * (1.0 / total), last
         k = tl.load(top_ks + r)
-        if k > 0:  # the largest value with at least k probabilities at or above it
+        if k > 0:  # over all tokens, as the sampler ranks them before it drops any
             lo, hi = tl.full([], 0, tl.int32), tl.full([], ONE_BITS + 1, tl.int32)
-            for _ in range(PROBES):
+            for _ in range(PROBES):  # the largest value with k tokens at or above it
                 mid = (lo + hi) // 2
                 value = mid.to(tl.float32, bitcast=True)
-                enough = _count_at_least(row, vocab, scale, top, total, floor, value, BLOCK) >= k
-                lo, hi = tl.where(enough, mid, lo), tl.where(enough, hi, mid)
-            floor = tl.maximum(floor, lo.to(tl.float32, bitcast=True))
+                count = _count(row, vocab, t, top, total, 0.0, last, value, False, BLOCK)
+                lo, hi = tl.where(count >= k, mid, lo), tl.where(count >= k, hi, mid)
+            value = lo.to(tl.float32, bitcast=True)
+            above = _count(row, vocab, t, top, total, 0.0, last, value, True, BLOCK)
+            index = _nth(row, vocab, t, top, total, 0.0, last, value, k - above, BLOCK)
+            cut_value, cut_index = _tighter(cut_value, cut_index, value, index)
         top_p = tl.load(top_ps + r)
-        if top_p < 1.0:  # the smallest value whose kept mass above it is under top_p
-            budget = top_p.to(tl.float64) * _mass(
-                row, vocab, scale, top, total, floor, floor, False, BLOCK
-            )
+        if top_p < 1.0:
+            kept = _mass(row, vocab, t, top, total, cut_value, cut_index, 0.0, False, BLOCK)
+            budget = top_p.to(tl.float64) * kept
             lo, hi = tl.full([], -1, tl.int32), tl.full([], ONE_BITS, tl.int32)
-            for _ in range(PROBES):
+            for _ in range(PROBES):  # the smallest value whose kept mass above is < budget
                 mid = (lo + hi + 1) // 2
                 value = mid.to(tl.float32, bitcast=True)
-                under = _mass(row, vocab, scale, top, total, floor, value, True, BLOCK) < budget
-                lo, hi = tl.where(under, lo, mid), tl.where(under, mid, hi)
-            floor = tl.maximum(floor, hi.to(tl.float32, bitcast=True))
+                mass = _mass(row, vocab, t, top, total, cut_value, cut_index, value, True, BLOCK)
+                lo, hi = tl.where(mass < budget, lo, mid), tl.where(mass < budget, mid, hi)
+            value = hi.to(tl.float32, bitcast=True)
+            above = _mass(row, vocab, t, top, total, cut_value, cut_index, value, True, BLOCK)
+            ties = _count(row, vocab, t, top, total, cut_value, cut_index, value, False, BLOCK)
+            ties -= _count(row, vocab, t, top, total, cut_value, cut_index, value, True, BLOCK)
+            # tie j has mass above + j * value before it: those under the budget stay
+            fit = tl.ceil((budget - above) / value.to(tl.float64)).to(tl.int64)
+            n = tl.minimum(tl.maximum(fit, 1), ties)
+            index = _nth(row, vocab, t, top, total, cut_value, cut_index, value, n, BLOCK)
+            cut_value, cut_index = _tighter(cut_value, cut_index, value, index)
         # the draw: the largest kept value whose kept mass at or above it exceeds the target
-        target = tl.load(uniforms + r) * _mass(
-            row, vocab, scale, top, total, floor, floor, False, BLOCK
-        )
+        kept = _mass(row, vocab, t, top, total, cut_value, cut_index, 0.0, False, BLOCK)
+        target = tl.load(uniforms + r) * kept
         lo, hi = tl.full([], 0, tl.int32), tl.full([], ONE_BITS + 1, tl.int32)
         for _ in range(PROBES):
             mid = (lo + hi) // 2
             value = mid.to(tl.float32, bitcast=True)
-            more = _mass(row, vocab, scale, top, total, floor, value, False, BLOCK) > target
-            lo, hi = tl.where(more, mid, lo), tl.where(more, hi, mid)
-        chosen = lo.to(tl.float32, bitcast=True)
-        token = tl.full([], 0, tl.int64) + vocab  # the first index holding that value
-        for start in range(0, vocab, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            p = _probs(row, cols, vocab, scale, top, total)
-            hit = tl.min(tl.where((p == chosen) & (cols < vocab), cols, vocab), axis=0)
-            token = tl.minimum(token, hit.to(tl.int64))
+            mass = _mass(row, vocab, t, top, total, cut_value, cut_index, value, False, BLOCK)
+            lo, hi = tl.where(mass > target, mid, lo), tl.where(mass > target, hi, mid)
+        value = lo.to(tl.float32, bitcast=True)
+        above = _mass(row, vocab, t, top, total, cut_value, cut_index, value, True, BLOCK)
+        ties = _count(row, vocab, t, top, total, cut_value, cut_index, value, False, BLOCK)
+        ties -= _count(row, vocab, t, top, total, cut_value, cut_index, value, True, BLOCK)
+        # tie j covers [above + j * value, above + (j + 1) * value) of the cumulative mass
+        j = tl.floor((target - above) / value.to(tl.float64)).to(tl.int64)
+        n = tl.minimum(tl.maximum(j, 0) + 1, ties)
+        token = _nth(row, vocab, t, top, total, cut_value, cut_index, value, n, BLOCK)
     tl.store(tokens + r, token)

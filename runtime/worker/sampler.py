@@ -100,7 +100,9 @@ def choose(
         return greedy, plain
     temperature = torch.where(batch.temperature > 0, batch.temperature, 1.0)
     probs = torch.softmax(logits / temperature[:, None], dim=-1)
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    # stable: equal probabilities in index order, so a seeded draw among ties is the same on
+    # every device and in the Triton sampler (runtime/kernels/gpu_sampling.py)
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
     if batch.needs_filter:
         sorted_probs = _filter(sorted_probs, batch)
     cdf = sorted_probs.double().cumsum(dim=-1)
@@ -127,8 +129,10 @@ def _filter(sorted_probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     rank = torch.arange(vocab, device=sorted_probs.device)[None, :]
     k = torch.where(batch.top_k > 0, batch.top_k, vocab)[:, None]
     sorted_probs = sorted_probs.masked_fill(rank >= k, 0.0)
-    # the most likely token always stays
-    total = sorted_probs.sum(dim=-1, keepdim=True)
-    before = (sorted_probs.cumsum(dim=-1) - sorted_probs) / total
-    drop = (before >= batch.top_p[:, None]) & (batch.top_p[:, None] < 1.0)  # 1.0: keep all, exactly
+    # the most likely token always stays; masses in float64, as the draw's (a tail of tiny
+    # probabilities below float32's precision still counts, as in the Triton sampler)
+    mass = sorted_probs.double()
+    before = (mass.cumsum(dim=-1) - mass) / mass.sum(dim=-1, keepdim=True)
+    top_p = batch.top_p[:, None].double()
+    drop = (before >= top_p) & (top_p < 1.0)  # 1.0: keep all, exactly
     return sorted_probs.masked_fill(drop, 0.0)
