@@ -97,11 +97,11 @@ def paged_attention(
     if not meta.prefills:  # a pure decode step: no copy into a fresh output
         return _decode(q, kv_cache, meta, scale)
     if meta.extend is not None:  # the prefill rows in one call, then the decode rows
-        x = meta.extend
-        kernels = cast(ExtendKernels, meta.kernels)
+        layout, kernels = meta.extend, cast(ExtendKernels, meta.kernels)
         out = kernels.extend(
-            q, kv_cache, x.tables, x.q_starts, x.q_lens, x.context_lens, x.max_queries, scale
-        )
+            q, kv_cache, layout.tables, layout.q_starts, layout.q_lens, layout.context_lens,
+            layout.max_queries, scale,
+        )  # fmt: skip
         if meta.num_decodes:
             out[: meta.num_decodes] = _decode(q[: meta.num_decodes], kv_cache, meta, scale)
         return out
