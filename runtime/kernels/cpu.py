@@ -22,6 +22,13 @@ from typing import Any
 
 import torch
 
+from runtime.kernels.checks import (
+    KernelError,
+    check_contiguous,
+    check_heads_packed,
+    check_rows,
+)
+
 HERE = Path(__file__).parent
 SOURCES = (HERE / "cpu_attention.cpp", HERE / "cpu_fused.cpp", HERE / "cpu_sampling.cpp")
 HEADERS = (HERE / "cpu_common.h", HERE / "cpu_attention_tiles.h")
@@ -39,10 +46,6 @@ SIGNATURES = {
     "greedy_pick": "p q q p p",
 }
 _CTYPES = {"i": ctypes.c_int, "q": ctypes.c_int64, "f": ctypes.c_float, "p": ctypes.c_void_p}
-
-
-class KernelError(RuntimeError):
-    """The kernel refused its arguments (an index outside the cache, a bad shape)."""
 
 
 def cache_dir() -> Path:
@@ -130,7 +133,7 @@ class CpuKernels:
         eps: float,
         residual: torch.Tensor | None = None,  # [rows, dim]: residual += x, then its norm
     ) -> torch.Tensor:
-        _check_contiguous(x, weight, *(() if residual is None else (residual,)))
+        check_contiguous(x, weight, *(() if residual is None else (residual,)), dtypes=DTYPES)
         if residual is not None and residual.shape != x.shape:
             raise KernelError(f"residual {tuple(residual.shape)} for x {tuple(x.shape)}")
         out = torch.empty_like(x)
@@ -151,7 +154,7 @@ class CpuKernels:
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of x = [rows, 2 * inter] (gate, then up): [rows, inter]."""
-        _check_contiguous(x)
+        check_contiguous(x, dtypes=DTYPES)
         rows, width = x.shape
         out = x.new_empty((rows, width // 2))
         self._call(
@@ -168,8 +171,8 @@ class CpuKernels:
     def rotary_(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
         """Rotate x [T, heads, dim] in place (a view whose tokens may be strided)."""
         tokens, heads, dim = x.shape
-        _check_heads_packed(x)
-        _check_contiguous(cos, sin_signed, like=x)
+        check_heads_packed(x)
+        check_contiguous(cos, sin_signed, like=x, dtypes=DTYPES)
         if cos.numel() != tokens * dim or sin_signed.numel() != tokens * dim:
             raise KernelError(f"rotary tables of {cos.numel()} values for {tokens} x {dim}")
         self._call(
@@ -188,7 +191,7 @@ class CpuKernels:
     def store_kv(self, kv_cache: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor) -> None:
         """kv: [T, 2 * kv_heads, head_dim], rows of one token may be strided; slots: [T]."""
         tokens, heads, dim = kv.shape
-        _check_rows(kv, kv_cache)
+        check_rows(kv, kv_cache, DTYPES)
         _check_index(slots)
         self._call(
             "paged_store_kv",
@@ -212,7 +215,7 @@ class CpuKernels:
         scale: float,
     ) -> torch.Tensor:
         batch, heads, dim = q.shape
-        _check_rows(q, kv_cache)
+        check_rows(q, kv_cache, DTYPES)
         _check_index(block_tables)
         _check_index(context_lens)
         if context_lens.shape != (batch,) or block_tables.shape[0] != batch:
@@ -241,27 +244,6 @@ class CpuKernels:
             torch.get_num_threads(),  # torch's setting; OpenMP's own is per OS thread
         )
         return out
-
-
-def _check_heads_packed(x: torch.Tensor) -> None:
-    """The kernels step over tokens by stride(0) and expect each token's heads packed."""
-    if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
-        raise KernelError(f"heads of one token must be contiguous, strides {x.stride()}")
-
-
-def _check_rows(x: torch.Tensor, kv_cache: torch.Tensor) -> None:
-    _check_heads_packed(x)
-    if x.dtype != kv_cache.dtype or kv_cache.dtype not in DTYPES:
-        raise KernelError(f"dtype {x.dtype} with a {kv_cache.dtype} cache")
-    if not kv_cache.is_contiguous():
-        raise KernelError("the KV cache must be contiguous")
-
-
-def _check_contiguous(*tensors: torch.Tensor, like: torch.Tensor | None = None) -> None:
-    dtype = (like if like is not None else tensors[0]).dtype
-    for t in tensors:
-        if not t.is_contiguous() or t.dtype != dtype or dtype not in DTYPES:
-            raise KernelError(f"expected contiguous {dtype} tensors, got {t.dtype}")
 
 
 def _check_index(x: torch.Tensor) -> None:

@@ -10,6 +10,12 @@ from __future__ import annotations
 import torch
 import triton
 
+from runtime.kernels.checks import (
+    KernelError,
+    check_contiguous,
+    check_heads_packed,
+    check_rows,
+)
 from runtime.kernels.gpu_attention import (
     combine_splits_kernel,
     decode_kernel,
@@ -26,10 +32,6 @@ BLOCK_N = 32  # cached tokens per iteration of the attention loops
 BLOCK_M_LONG, BLOCK_M_SHORT = 64, 16
 SPLIT_MIN_TOKENS = 256  # decode splits a context only into parts at least this long
 MAX_SPLITS = 16
-
-
-class KernelError(RuntimeError):
-    """The kernels refused their arguments (a dtype, a layout they do not take)."""
 
 
 def interpreting() -> bool:
@@ -54,7 +56,7 @@ class TritonKernels:
     def store_kv(self, kv_cache: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor) -> None:
         """kv: [T, 2 * kv_heads, head_dim], tokens may be strided; slots: [T] (-1: skip)."""
         tokens, planes, dim = kv.shape
-        _check_rows(kv, kv_cache)
+        check_rows(kv, kv_cache, DTYPES)
         plane_slots = kv_cache.shape[2] * kv_cache.shape[3]
         store_kv_kernel[(tokens,)](
             kv_cache, kv, slots, kv.stride(0), planes, plane_slots, dim,
@@ -70,7 +72,7 @@ class TritonKernels:
         scale: float,
     ) -> torch.Tensor:
         batch, heads, dim = q.shape
-        _check_rows(q, kv_cache)
+        check_rows(q, kv_cache, DTYPES)
         _, kv_heads, num_blocks, block_size, _ = kv_cache.shape
         if heads % kv_heads:
             raise KernelError(f"{heads} query heads do not group over {kv_heads} kv heads")
@@ -102,7 +104,7 @@ class TritonKernels:
         scale: float,
     ) -> torch.Tensor:  # [T, heads, head_dim]; rows of no sequence are left unwritten
         tokens, heads, dim = q.shape
-        _check_rows(q, kv_cache)
+        check_rows(q, kv_cache, DTYPES)
         _, kv_heads, num_blocks, block_size, _ = kv_cache.shape
         out = q.new_empty((tokens, heads, dim))
         block_m = BLOCK_M_LONG if max_queries >= BLOCK_M_LONG else BLOCK_M_SHORT
@@ -123,7 +125,7 @@ class TritonKernels:
         eps: float,
         residual: torch.Tensor | None = None,  # [rows, dim]: residual += x, then its norm
     ) -> torch.Tensor:
-        _check_contiguous(x, weight, *(() if residual is None else (residual,)))
+        check_contiguous(x, weight, *(() if residual is None else (residual,)), dtypes=DTYPES)
         if residual is not None and residual.shape != x.shape:
             raise KernelError(f"residual {tuple(residual.shape)} for x {tuple(x.shape)}")
         rows, dim = x.shape
@@ -136,7 +138,7 @@ class TritonKernels:
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of x = [rows, 2 * inter] (gate, then up): [rows, inter]."""
-        _check_contiguous(x)
+        check_contiguous(x, dtypes=DTYPES)
         rows, width = x.shape
         out = x.new_empty((rows, width // 2))
         silu_and_mul_kernel[(rows,)](out, x, width // 2, BLOCK=min(1024, _pow2(width // 2)))
@@ -145,8 +147,8 @@ class TritonKernels:
     def rotary_(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
         """Rotate x [T, heads, dim] in place (a view whose tokens may be strided)."""
         tokens, heads, dim = x.shape
-        _check_heads_packed(x)
-        _check_contiguous(cos, sin_signed, like=x)
+        check_heads_packed(x)
+        check_contiguous(cos, sin_signed, like=x, dtypes=DTYPES)
         if cos.numel() != tokens * dim or sin_signed.numel() != tokens * dim:
             raise KernelError(f"rotary tables of {cos.numel()} values for {tokens} x {dim}")
         rotary_kernel[(tokens,)](
@@ -191,23 +193,3 @@ def _dot_dim(head_dim: int) -> int:
 def _dot_fp32(dtype: torch.dtype) -> bool:
     # the interpreter multiplies bfloat16 as raw bits (triton-lang/triton#11584)
     return dtype == torch.float32 or interpreting()
-
-
-def _check_heads_packed(x: torch.Tensor) -> None:
-    if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
-        raise KernelError(f"heads of one token must be contiguous, strides {x.stride()}")
-
-
-def _check_rows(x: torch.Tensor, kv_cache: torch.Tensor) -> None:
-    _check_heads_packed(x)
-    if x.dtype != kv_cache.dtype or kv_cache.dtype not in DTYPES:
-        raise KernelError(f"dtype {x.dtype} with a {kv_cache.dtype} cache")
-    if not kv_cache.is_contiguous():
-        raise KernelError("the KV cache must be contiguous")
-
-
-def _check_contiguous(*tensors: torch.Tensor, like: torch.Tensor | None = None) -> None:
-    dtype = (like if like is not None else tensors[0]).dtype
-    for t in tensors:
-        if not t.is_contiguous() or t.dtype != dtype or dtype not in DTYPES:
-            raise KernelError(f"expected contiguous {dtype} tensors, got {t.dtype}")

@@ -61,6 +61,26 @@ def _dot(a, b, DOT_FP32: tl.constexpr):
 
 
 @triton.jit
+def _attend_keys(q_rows, cache, table, pos, inside, visible, kv_head, kv_heads, plane_slots,
+                 block_size, dim, scale, top, total, acc, DIM: tl.constexpr,
+                 DOT_FP32: tl.constexpr):  # fmt: skip
+    """One step of the online softmax: the queries `q_rows` against the cached keys and
+    values at `pos` (loaded where `inside`), scored where `visible`. Returns the running
+    maximum, the running sum of exponentials and the unnormalized output, updated."""
+    k = _cached_rows(cache, table, pos, inside, kv_head, plane_slots, block_size, dim, DIM)
+    scores = _dot(q_rows, tl.trans(k), DOT_FP32) * scale
+    scores = tl.where(visible, scores, float("-inf"))
+    new_top = tl.maximum(top, tl.max(scores, axis=1))
+    p = tl.exp(scores - new_top[:, None])
+    rescale = tl.exp(top - new_top)
+    v = _cached_rows(
+        cache, table, pos, inside, kv_heads + kv_head, plane_slots, block_size, dim, DIM
+    )
+    acc = acc * rescale[:, None] + _dot(p.to(v.dtype), v, DOT_FP32)
+    return new_top, total * rescale + tl.sum(p, axis=1), acc
+
+
+@triton.jit
 def decode_kernel(
     partial_out,  # [batch, heads, splits, DIM] float32: each split's normalized output
     partial_lse,  # [batch, heads, splits] float32: each split's log-sum-exp of scores
@@ -108,18 +128,10 @@ def decode_kernel(
     for first in range(start, end, BLOCK_N):
         pos = first + tl.arange(0, BLOCK_N)
         inside = pos < end
-        k = _cached_rows(cache, table, pos, inside, head, plane_slots, block_size, dim, DIM)
-        scores = _dot(q_rows, tl.trans(k), DOT_FP32) * scale
-        scores = tl.where(inside[None, :], scores, float("-inf"))
-        new_top = tl.maximum(top, tl.max(scores, axis=1))
-        p = tl.exp(scores - new_top[:, None])
-        rescale = tl.exp(top - new_top)
-        total = total * rescale + tl.sum(p, axis=1)
-        v = _cached_rows(
-            cache, table, pos, inside, kv_heads + head, plane_slots, block_size, dim, DIM
-        )
-        acc = acc * rescale[:, None] + _dot(p.to(v.dtype), v, DOT_FP32)
-        top = new_top
+        top, total, acc = _attend_keys(
+            q_rows, cache, table, pos, inside, inside[None, :], head, kv_heads, plane_slots,
+            block_size, dim, scale, top, total, acc, DIM, DOT_FP32,
+        )  # fmt: skip
     # an empty split (past the sequence's end) has no scores: weight 0 in the combine
     some = total > 0
     lse = tl.where(some, top + tl.log(tl.where(some, total, 1.0)), float("-inf"))
@@ -205,19 +217,11 @@ def extend_kernel(
         for first_key in range(0, last_key, BLOCK_N):
             pos = first_key + tl.arange(0, BLOCK_N)
             inside = pos < last_key
-            k = _cached_rows(cache, table, pos, inside, kv_head, plane_slots, block_size, dim, DIM)
-            scores = _dot(q_rows, tl.trans(k), DOT_FP32) * scale
-            visible = inside[None, :] & (pos[None, :] <= q_pos[:, None])
-            scores = tl.where(visible, scores, float("-inf"))
-            new_top = tl.maximum(top, tl.max(scores, axis=1))  # finite: key 0 is visible
-            p = tl.exp(scores - new_top[:, None])
-            rescale = tl.exp(top - new_top)
-            total = total * rescale + tl.sum(p, axis=1)
-            v = _cached_rows(
-                cache, table, pos, inside, kv_heads + kv_head, plane_slots, block_size, dim, DIM
-            )
-            acc = acc * rescale[:, None] + _dot(p.to(v.dtype), v, DOT_FP32)
-            top = new_top
+            visible = inside[None, :] & (pos[None, :] <= q_pos[:, None])  # key 0 always is
+            top, total, acc = _attend_keys(
+                q_rows, cache, table, pos, inside, visible, kv_head, kv_heads, plane_slots,
+                block_size, dim, scale, top, total, acc, DIM, DOT_FP32,
+            )  # fmt: skip
         result = acc / tl.where(total > 0, total, 1.0)[:, None]
         tl.store(
             out + token[:, None] * (GROUP * kv_heads * dim) + head * dim + d[None, :],

@@ -43,31 +43,31 @@ def _kept(p, cols, vocab, cut_value, cut_index):
     return (cols < vocab) & ((p > cut_value) | ((p == cut_value) & (cols <= cut_index)))
 
 
-@triton.jit
-def _count(row, vocab, temperature, top, total, cut_value, cut_index, value, STRICT: tl.constexpr,
-           BLOCK: tl.constexpr):  # fmt: skip
-    """Kept tokens with p > value (STRICT) or p >= value."""
-    count = tl.full([], 0, tl.int64)
-    for start in range(0, vocab, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        p = _probs(row, cols, vocab, temperature, top, total)
-        above = (p > value) if STRICT else (p >= value)
-        count += tl.sum((_kept(p, cols, vocab, cut_value, cut_index) & above).to(tl.int64), 0)
-    return count
+# which probabilities `_tally` counts or weighs, against a value
+ABOVE = tl.constexpr(0)  # p > value
+AT_OR_ABOVE = tl.constexpr(1)  # p >= value
+AT = tl.constexpr(2)  # p == value
 
 
 @triton.jit
-def _mass(row, vocab, temperature, top, total, cut_value, cut_index, value, STRICT: tl.constexpr,
-          BLOCK: tl.constexpr):  # fmt: skip
-    """Kept probability mass with p > value (STRICT) or p >= value, in float64."""
-    mass = tl.full([], 0.0, tl.float64)
+def _tally(row, vocab, temperature, top, total, cut_value, cut_index, value, WHERE: tl.constexpr,
+           MASS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """Over the kept tokens where p compares to `value` as WHERE says: their probability
+    mass (MASS) or their count, in float64 (exact for counts)."""
+    tally = tl.full([], 0.0, tl.float64)
     for start in range(0, vocab, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         p = _probs(row, cols, vocab, temperature, top, total)
-        above = (p > value) if STRICT else (p >= value)
-        keep = _kept(p, cols, vocab, cut_value, cut_index) & above
-        mass += tl.sum(tl.where(keep, p.to(tl.float64), 0.0), axis=0)
-    return mass
+        if WHERE == ABOVE:
+            where = p > value
+        elif WHERE == AT_OR_ABOVE:
+            where = p >= value
+        else:
+            where = p == value
+        keep = _kept(p, cols, vocab, cut_value, cut_index) & where
+        weight = p.to(tl.float64) if MASS else tl.full(p.shape, 1.0, tl.float64)
+        tally += tl.sum(tl.where(keep, weight, 0.0), axis=0)
+    return tally
 
 
 @triton.jit
@@ -136,44 +136,58 @@ def sample_kernel(
             for _ in range(PROBES):  # the largest value with k tokens at or above it
                 mid = (lo + hi) // 2
                 value = mid.to(tl.float32, bitcast=True)
-                count = _count(row, vocab, t, top, total, 0.0, last, value, False, BLOCK)
+                count = _tally(
+                    row, vocab, t, top, total, 0.0, last, value, AT_OR_ABOVE, False, BLOCK
+                )
                 lo, hi = tl.where(count >= k, mid, lo), tl.where(count >= k, hi, mid)
             value = lo.to(tl.float32, bitcast=True)
-            above = _count(row, vocab, t, top, total, 0.0, last, value, True, BLOCK)
-            index = _nth(row, vocab, t, top, total, 0.0, last, value, k - above, BLOCK)
+            above = _tally(row, vocab, t, top, total, 0.0, last, value, ABOVE, False, BLOCK)
+            index = _nth(row, vocab, t, top, total, 0.0, last, value, k - above.to(tl.int64), BLOCK)
             cut_value, cut_index = _tighter(cut_value, cut_index, value, index)
         top_p = tl.load(top_ps + r)
         if top_p < 1.0:
-            kept = _mass(row, vocab, t, top, total, cut_value, cut_index, 0.0, False, BLOCK)
+            kept = _tally(
+                row, vocab, t, top, total, cut_value, cut_index, 0.0, AT_OR_ABOVE, True, BLOCK
+            )
             budget = top_p.to(tl.float64) * kept
             lo, hi = tl.full([], -1, tl.int32), tl.full([], ONE_BITS, tl.int32)
             for _ in range(PROBES):  # the smallest value whose kept mass above is < budget
                 mid = (lo + hi + 1) // 2
                 value = mid.to(tl.float32, bitcast=True)
-                mass = _mass(row, vocab, t, top, total, cut_value, cut_index, value, True, BLOCK)
+                mass = _tally(
+                    row, vocab, t, top, total, cut_value, cut_index, value, ABOVE, True, BLOCK
+                )
                 lo, hi = tl.where(mass < budget, lo, mid), tl.where(mass < budget, mid, hi)
             value = hi.to(tl.float32, bitcast=True)
-            above = _mass(row, vocab, t, top, total, cut_value, cut_index, value, True, BLOCK)
-            ties = _count(row, vocab, t, top, total, cut_value, cut_index, value, False, BLOCK)
-            ties -= _count(row, vocab, t, top, total, cut_value, cut_index, value, True, BLOCK)
+            above = _tally(
+                row, vocab, t, top, total, cut_value, cut_index, value, ABOVE, True, BLOCK
+            )
+            ties = _tally(
+                row, vocab, t, top, total, cut_value, cut_index, value, AT, False, BLOCK
+            ).to(tl.int64)
             # tie j has mass above + j * value before it: those under the budget stay
             fit = tl.ceil((budget - above) / value.to(tl.float64)).to(tl.int64)
             n = tl.minimum(tl.maximum(fit, 1), ties)
             index = _nth(row, vocab, t, top, total, cut_value, cut_index, value, n, BLOCK)
             cut_value, cut_index = _tighter(cut_value, cut_index, value, index)
         # the draw: the largest kept value whose kept mass at or above it exceeds the target
-        kept = _mass(row, vocab, t, top, total, cut_value, cut_index, 0.0, False, BLOCK)
+        kept = _tally(
+            row, vocab, t, top, total, cut_value, cut_index, 0.0, AT_OR_ABOVE, True, BLOCK
+        )
         target = tl.load(uniforms + r) * kept
         lo, hi = tl.full([], 0, tl.int32), tl.full([], ONE_BITS + 1, tl.int32)
         for _ in range(PROBES):
             mid = (lo + hi) // 2
             value = mid.to(tl.float32, bitcast=True)
-            mass = _mass(row, vocab, t, top, total, cut_value, cut_index, value, False, BLOCK)
+            mass = _tally(
+                row, vocab, t, top, total, cut_value, cut_index, value, AT_OR_ABOVE, True, BLOCK
+            )
             lo, hi = tl.where(mass > target, mid, lo), tl.where(mass > target, hi, mid)
         value = lo.to(tl.float32, bitcast=True)
-        above = _mass(row, vocab, t, top, total, cut_value, cut_index, value, True, BLOCK)
-        ties = _count(row, vocab, t, top, total, cut_value, cut_index, value, False, BLOCK)
-        ties -= _count(row, vocab, t, top, total, cut_value, cut_index, value, True, BLOCK)
+        above = _tally(row, vocab, t, top, total, cut_value, cut_index, value, ABOVE, True, BLOCK)
+        ties = _tally(row, vocab, t, top, total, cut_value, cut_index, value, AT, False, BLOCK).to(
+            tl.int64
+        )
         # tie j covers [above + j * value, above + (j + 1) * value) of the cumulative mass
         j = tl.floor((target - above) / value.to(tl.float64)).to(tl.int64)
         n = tl.minimum(tl.maximum(j, 0) + 1, ties)

@@ -9,8 +9,9 @@ from typing import Protocol
 
 import torch
 
+from runtime.kernels.checks import KernelError
 from runtime.kernels.cpu import DTYPES as CPU_DTYPES
-from runtime.kernels.cpu import KernelError, load_cpu_kernels
+from runtime.kernels.cpu import load_cpu_kernels
 
 log = logging.getLogger(__name__)
 BACKENDS = ("auto", "cpp", "triton", "torch")

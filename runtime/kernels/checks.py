@@ -1,0 +1,35 @@
+"""Argument checks shared by the CPU and Triton kernels: both read raw memory, so a layout
+or dtype they do not take must be refused before the call, not discovered inside it."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import torch
+
+
+class KernelError(RuntimeError):
+    """The kernel refused its arguments (an index outside the cache, a bad shape)."""
+
+
+def check_heads_packed(x: torch.Tensor) -> None:
+    """The kernels step over tokens by stride(0) and expect each token's heads packed."""
+    if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
+        raise KernelError(f"heads of one token must be contiguous, strides {x.stride()}")
+
+
+def check_rows(x: torch.Tensor, kv_cache: torch.Tensor, dtypes: Collection[torch.dtype]) -> None:
+    check_heads_packed(x)
+    if x.dtype != kv_cache.dtype or kv_cache.dtype not in dtypes:
+        raise KernelError(f"dtype {x.dtype} with a {kv_cache.dtype} cache")
+    if not kv_cache.is_contiguous():
+        raise KernelError("the KV cache must be contiguous")
+
+
+def check_contiguous(
+    *tensors: torch.Tensor, dtypes: Collection[torch.dtype], like: torch.Tensor | None = None
+) -> None:
+    dtype = (like if like is not None else tensors[0]).dtype
+    for t in tensors:
+        if not t.is_contiguous() or t.dtype != dtype or dtype not in dtypes:
+            raise KernelError(f"expected contiguous {dtype} tensors, got {t.dtype}")
