@@ -1,9 +1,12 @@
-"""Random paged-attention cases and a float64 reference, shared by the CPU and GPU kernel
-tests."""
+"""Cases shared by the CPU and GPU kernel tests: random paged-attention cases and a float64
+reference; sampling against the torch sampler."""
 
 from __future__ import annotations
 
 import torch
+
+from runtime.kernels.select import SamplingKernels
+from runtime.worker.sampler import choose, make_sampling_batch
 
 
 def reference(q, cache, tables, lens, scale):  # type: ignore[no-untyped-def]
@@ -50,3 +53,65 @@ def poison_past_the_end(cache: torch.Tensor, tables: torch.Tensor, lens: torch.T
     block_size = cache.shape[3]
     for table, n in zip(tables.tolist(), lens.tolist(), strict=True):
         cache[:, :, table[(n - 1) // block_size], (n - 1) % block_size + 1 :] = torch.nan
+
+
+# (temperature, top_k, top_p, min_p) per row: greedy, plain temperature, each filter, and all
+SAMPLING_ROWS = [
+    (0.0, 0, 1.0, 0.0),
+    (1.0, 0, 1.0, 0.0),
+    (0.7, 5, 1.0, 0.0),
+    (1.3, 0, 0.8, 0.0),
+    (1.0, 0, 1.0, 0.05),
+    (0.9, 40, 0.9, 0.02),
+    (2.0, 1, 1.0, 0.0),  # top-k 1: the greedy token
+    (1.0, 0, 0.05, 0.0),  # top-p below the top token's share: the greedy token
+]
+
+
+def check_sampling_draws(
+    kernels: SamplingKernels, device: torch.device, vocab: int, draws: int = 2, scale: float = 3
+) -> None:
+    """The kernel draws what the torch sampler draws, each row with `draws` seeds."""
+    gen = torch.Generator().manual_seed(vocab)
+    rows = [(*params, seed, 0) for params in SAMPLING_ROWS for seed in range(draws)]
+    logits = scale * torch.randn(len(rows), vocab, generator=gen)
+    logits[1 * draws, 7] = -torch.inf  # a token a logits processor masked
+    batch = make_sampling_batch(rows, torch.device("cpu"))
+    expected, _ = choose(logits, batch)
+    b = make_sampling_batch(rows, device)
+    tokens = kernels.sample(
+        logits.to(device), b.temperature, b.top_k, b.top_p, b.min_p, b.uniforms
+    ).cpu()
+    assert tokens.tolist() == expected.tolist()
+    assert len(set(tokens[draws : 2 * draws].tolist())) > 1  # the seeds draw different tokens
+
+
+TIE_CASES = [
+    ((1.0, 0, 1.0, 0.0), True, range(6)),  # each of six equal tokens gets drawn
+    ((1.0, 4, 1.0, 0.0), True, range(4)),  # top-k cuts through the tie: the first four
+    ((1.0, 0, 0.5, 0.0), False, range(3)),  # top-p: half the mass ends after three
+    ((1.0, 0, 0.5, 0.0), True, range(4)),  # ... and a tiny tail makes the fourth fit
+]
+
+
+def check_sampling_among_ties(
+    kernels: SamplingKernels,
+    device: torch.device,
+    params: tuple[float, int, float, float],
+    tail: bool,
+    allowed: range,
+) -> None:
+    """bf16 logits tie often. The torch sampler sorts stably (ties by index); the kernel
+    must draw each tied token where the sort would, not always the first."""
+    vocab = 40
+    logits = torch.full((1, vocab), -20.0 if tail else -torch.inf)
+    logits[0, 3:9] = 5.0  # tokens 3..8, equal
+    rows = [(*params, seed, 0) for seed in range(12)]
+    logits = logits.expand(len(rows), vocab).contiguous()
+    expected, _ = choose(logits, make_sampling_batch(rows, torch.device("cpu")))
+    b = make_sampling_batch(rows, device)
+    tokens = kernels.sample(
+        logits.to(device), b.temperature, b.top_k, b.top_p, b.min_p, b.uniforms
+    ).cpu()
+    assert tokens.tolist() == expected.tolist()
+    assert set(tokens.tolist()) == {3 + i for i in allowed}  # every kept tie, no other

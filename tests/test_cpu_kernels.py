@@ -17,7 +17,14 @@ from transformers import PretrainedConfig
 from runtime.kernels.cpu import FLAGS, SOURCES, CpuKernels, KernelError, load_cpu_kernels
 from runtime.layers.basic import RMSNorm
 from runtime.layers.rotary import RotaryEmbedding, apply_rope_
-from tests.kernel_cases import poison_past_the_end, random_case, reference
+from tests.kernel_cases import (
+    TIE_CASES,
+    check_sampling_among_ties,
+    check_sampling_draws,
+    poison_past_the_end,
+    random_case,
+    reference,
+)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -154,6 +161,28 @@ def test_greedy_pick_matches_argmax_and_log_softmax(shape: tuple[int, int]) -> N
     torch.testing.assert_close(logprobs, expected)
     with pytest.raises(KernelError, match="float32"):
         load_cpu_kernels().greedy(logits.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize(("vocab", "threads"), [(300, 1), (32000, 2)])
+def test_sampling_draws_the_torch_samplers_tokens(vocab: int, threads: int) -> None:
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)  # rows are spread over the threads
+        check_sampling_draws(load_cpu_kernels(), torch.device("cpu"), vocab, draws=6)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("scale", [0.1, 30.0])  # near-uniform: a few big bins; peaked
+def test_sampling_over_a_flat_or_a_peaked_row(scale: float) -> None:
+    check_sampling_draws(load_cpu_kernels(), torch.device("cpu"), 4096, draws=4, scale=scale)
+
+
+@pytest.mark.parametrize(("params", "tail", "allowed"), TIE_CASES)
+def test_sampling_among_equal_probabilities_follows_the_stable_order(
+    params: tuple[float, int, float, float], tail: bool, allowed: range
+) -> None:
+    check_sampling_among_ties(load_cpu_kernels(), torch.device("cpu"), params, tail, allowed)
 
 
 def test_the_plain_loops_build_and_match_without_avx512(tmp_path: Path) -> None:

@@ -17,8 +17,14 @@ from transformers import PretrainedConfig
 from runtime.kernels.gpu import TritonKernels, decode_splits
 from runtime.layers.basic import RMSNorm
 from runtime.layers.rotary import RotaryEmbedding, apply_rope_
-from runtime.worker.sampler import choose, make_sampling_batch
-from tests.kernel_cases import poison_past_the_end, random_case, reference
+from tests.kernel_cases import (
+    TIE_CASES,
+    check_sampling_among_ties,
+    check_sampling_draws,
+    poison_past_the_end,
+    random_case,
+    reference,
+)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 KERNELS = TritonKernels()
@@ -211,62 +217,16 @@ def test_greedy_matches_argmax_and_log_softmax() -> None:
     torch.testing.assert_close(logprobs.cpu(), expected)
 
 
-# (temperature, top_k, top_p, min_p) per row: greedy, plain temperature, each filter, and all
-SAMPLING_ROWS = [
-    (0.0, 0, 1.0, 0.0),
-    (1.0, 0, 1.0, 0.0),
-    (0.7, 5, 1.0, 0.0),
-    (1.3, 0, 0.8, 0.0),
-    (1.0, 0, 1.0, 0.05),
-    (0.9, 40, 0.9, 0.02),
-    (2.0, 1, 1.0, 0.0),  # top-k 1: the greedy token
-    (1.0, 0, 0.05, 0.0),  # top-p below the top token's share: the greedy token
-]
-
-
 @pytest.mark.parametrize("vocab", [300, 5000])  # 5000: a row in two loop blocks
 def test_sampling_draws_the_torch_samplers_tokens(vocab: int) -> None:
-    gen = torch.Generator().manual_seed(vocab)
-    draws = 2  # each row with two seeds
-    rows = [(*params, seed, 0) for params in SAMPLING_ROWS for seed in range(draws)]
-    logits = 3 * torch.randn(len(rows), vocab, generator=gen)
-    logits[1 * draws, 7] = -torch.inf  # a token a logits processor masked
-    batch = make_sampling_batch(rows, torch.device("cpu"))
-    expected, _ = choose(logits, batch)
-    b = make_sampling_batch(rows, DEVICE)
-    tokens = KERNELS.sample(
-        logits.to(DEVICE), b.temperature, b.top_k, b.top_p, b.min_p, b.uniforms
-    ).cpu()
-    assert tokens.tolist() == expected.tolist()
-    assert len(set(tokens[draws : 2 * draws].tolist())) > 1  # the seeds draw different tokens
+    check_sampling_draws(KERNELS, DEVICE, vocab)
 
 
-@pytest.mark.parametrize(
-    ("params", "tail", "allowed"),
-    [
-        ((1.0, 0, 1.0, 0.0), True, range(6)),  # each of six equal tokens gets drawn
-        ((1.0, 4, 1.0, 0.0), True, range(4)),  # top-k cuts through the tie: the first four
-        ((1.0, 0, 0.5, 0.0), False, range(3)),  # top-p: half the mass ends after three
-        ((1.0, 0, 0.5, 0.0), True, range(4)),  # ... and a tiny tail makes the fourth fit
-    ],
-)
+@pytest.mark.parametrize(("params", "tail", "allowed"), TIE_CASES)
 def test_sampling_among_equal_probabilities_follows_the_stable_order(
     params: tuple[float, int, float, float], tail: bool, allowed: range
 ) -> None:
-    """bf16 logits tie often. The torch sampler sorts stably (ties by index); the kernel
-    must draw each tied token where the sort would, not always the first."""
-    vocab = 40
-    logits = torch.full((1, vocab), -20.0 if tail else -torch.inf)
-    logits[0, 3:9] = 5.0  # tokens 3..8, equal
-    rows = [(*params, seed, 0) for seed in range(12)]
-    logits = logits.expand(len(rows), vocab).contiguous()
-    expected, _ = choose(logits, make_sampling_batch(rows, torch.device("cpu")))
-    b = make_sampling_batch(rows, DEVICE)
-    tokens = KERNELS.sample(
-        logits.to(DEVICE), b.temperature, b.top_k, b.top_p, b.min_p, b.uniforms
-    ).cpu()
-    assert tokens.tolist() == expected.tolist()
-    assert set(tokens.tolist()) == {3 + i for i in allowed}  # every kept tie, no other
+    check_sampling_among_ties(KERNELS, DEVICE, params, tail, allowed)
 
 
 def test_every_kernel_compiles_for_a_hopper_gpu() -> None:

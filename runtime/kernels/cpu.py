@@ -1,5 +1,5 @@
 """The CPU kernels: paged attention (cpu_attention.cpp), the fused small ops between the
-matmuls (cpu_fused.cpp) and greedy sampling (cpu_sampling.cpp), compiled once per machine
+matmuls (cpu_fused.cpp) and sampling (cpu_sampling.cpp), compiled once per machine
 with g++, cached across restarts, called through ctypes.
 
 No torch headers are involved, so a build takes about a second rather than the minute a
@@ -44,6 +44,7 @@ SIGNATURES = {
     "fused_silu_and_mul": "i p p q q i",
     "fused_rotary": "i p q q q q p p i",
     "greedy_pick": "p q q p p",
+    "sample_pick": "p q q p p p p p p i",
 }
 _CTYPES = {"i": ctypes.c_int, "q": ctypes.c_int64, "f": ctypes.c_float, "p": ctypes.c_void_p}
 
@@ -88,7 +89,7 @@ class CpuKernels:
 
     name = "cpp"
     extends = False  # prefill chunks run torch's fused SDPA
-    samples = False  # sampled rows run the torch sampler (greedy ones: `greedy`)
+    samples = True  # sampled rows go through `sample`, not a sort
 
     def __init__(self, library: Path) -> None:
         lib = ctypes.CDLL(str(library))
@@ -125,6 +126,40 @@ class CpuKernels:
             logprobs.data_ptr(),
         )
         return tokens, logprobs
+
+    def sample(
+        self,
+        logits: torch.Tensor,  # [B, vocab] float32
+        temperature: torch.Tensor,  # [B] float32; 0: greedy
+        top_k: torch.Tensor,  # [B] int64; 0: all
+        top_p: torch.Tensor,  # [B] float32
+        min_p: torch.Tensor,  # [B] float32
+        uniforms: torch.Tensor,  # [B] float64 in (0, 1)
+    ) -> torch.Tensor:  # [B] int64: the torch sampler's tokens, without its sort
+        if logits.dtype != torch.float32 or not logits.is_contiguous() or logits.dim() != 2:
+            raise KernelError(f"expected contiguous float32 [B, vocab] logits, got {logits.dtype}")
+        rows, vocab = logits.shape
+        params = (
+            (temperature, torch.float32),
+            (top_k, torch.int64),
+            (top_p, torch.float32),
+            (min_p, torch.float32),
+            (uniforms, torch.float64),
+        )
+        for tensor, dtype in params:
+            if tensor.shape != (rows,) or tensor.dtype != dtype or not tensor.is_contiguous():
+                raise KernelError(f"expected [{rows}] {dtype}, got {tensor.shape} {tensor.dtype}")
+        tokens = torch.empty(rows, dtype=torch.int64)
+        self._call(
+            "sample_pick",
+            logits.data_ptr(),
+            rows,
+            vocab,
+            *(tensor.data_ptr() for tensor, _ in params),
+            tokens.data_ptr(),
+            torch.get_num_threads(),
+        )
+        return tokens
 
     def rms_norm(
         self,

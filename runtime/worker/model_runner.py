@@ -35,7 +35,7 @@ from runtime.worker.loader import (
 )
 from runtime.worker.logits_processors import LogitsProcessors
 from runtime.worker.logprobs import PromptLogprobs, top_logprobs
-from runtime.worker.sampler import SamplingBatch, choose, sample
+from runtime.worker.sampler import SamplingBatch, choose, draw, sample
 from runtime.worker.seq_table import SeqTable, WorkerSeq
 from runtime.worker.tp_group import send_message
 
@@ -369,7 +369,10 @@ class ModelRunner:
         raw = None if self.processed_logprobs else torch.log_softmax(logits, dim=-1)
         if processes:
             self.processors.apply(logits, seq_ids, seqs)
-        tokens, processed = choose(logits, batch, processed=self.processed_logprobs)
+        if self.processed_logprobs:
+            tokens, processed = choose(logits, batch, processed=True)
+        else:
+            tokens, processed = draw(logits, batch, self.kernels), None
         if processes:
             self.processors.record(seq_ids, seqs, tokens)
         source = processed if raw is None else raw

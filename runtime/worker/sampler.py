@@ -79,13 +79,21 @@ def sample(
     if kernels is not None and batch.all_greedy and logits.is_contiguous():
         return kernels.greedy(logits)  # one pass for the argmax, one for the log-sum-exp
     logprobs = torch.log_softmax(logits, dim=-1)
-    if kernels is not None and kernels.samples:  # the same tokens, without sorting
+    tokens = draw(logits, batch, kernels)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def draw(logits: torch.Tensor, batch: SamplingBatch, kernels: Kernels | None) -> torch.Tensor:
+    """The token ids [B] `choose` picks: by the kernels where they sample (no sort)."""
+    if batch.all_greedy:
+        return logits.argmax(dim=-1)
+    fits = logits.dtype == torch.float32 and logits.is_contiguous()
+    if kernels is not None and kernels.samples and fits:
         b = batch
         sampler = cast(SamplingKernels, kernels)
-        tokens = sampler.sample(logits, b.temperature, b.top_k, b.top_p, b.min_p, b.uniforms)
-    else:
-        tokens, _ = choose(logits, batch)
-    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+        return sampler.sample(logits, b.temperature, b.top_k, b.top_p, b.min_p, b.uniforms)
+    tokens, _ = choose(logits, batch)
+    return tokens
 
 
 def choose(
