@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from runtime.kernels.cpu import FLAGS, SOURCES, CpuKernels, KernelError, load_cpu_kernels
-from runtime.layers.basic import RMSNorm
+from runtime.layers.basic import STREAMED_ROWS, Linear, RMSNorm
 from runtime.layers.rotary import RotaryEmbedding, apply_rope_
 from tests.kernel_cases import (
     TIE_CASES,
@@ -161,6 +161,82 @@ def test_greedy_pick_matches_argmax_and_log_softmax(shape: tuple[int, int]) -> N
     torch.testing.assert_close(logprobs, expected)
     with pytest.raises(KernelError, match="float32"):
         load_cpu_kernels().greedy(logits.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("rows", "n", "k", "bias"),
+    [
+        (1, 8, 16, False),  # one row, whole tiles
+        (7, 13, 259, True),  # an odd row left over, a partial weight tile, a tail of K
+        (32, 64, 768, False),  # a full decode batch
+        (3, 1, 5, True),  # K shorter than a vector
+    ],
+)
+def test_linear_matches_float64_reference(
+    dtype: torch.dtype, rows: int, n: int, k: int, bias: bool
+) -> None:
+    gen = torch.Generator().manual_seed(rows * n + k)
+    x = torch.randn(rows, k, generator=gen).to(dtype)
+    weight = torch.randn(n, k, generator=gen).to(dtype)
+    b = torch.randn(n, generator=gen).to(dtype) if bias else None
+    out = load_cpu_kernels().linear(x, weight, b)
+    expected = F.linear(x.double(), weight.double(), None if b is None else b.double())
+    tolerance = (
+        {"atol": 1e-4, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.05, "rtol": 1e-2}
+    )
+    assert out.dtype == dtype and out.shape == (rows, n)
+    torch.testing.assert_close(out.double(), expected, **tolerance)
+
+
+def test_linear_in_vectors_of_16_matches_on_any_cpu(tmp_path: Path) -> None:
+    """The AVX-512 width (16 floats a vector) built here whatever this CPU has: gcc splits
+    the vectors where it must; the reduction of 16 lanes must still give the dot products."""
+    library = tmp_path / "lanes16.so"
+    compiler = shutil.which("g++") or "c++"
+    command = [
+        compiler,
+        *FLAGS,
+        "-DRUNTIME_LINEAR_LANES=16",
+        *map(str, SOURCES),
+        "-o",
+        str(library),
+    ]
+    subprocess.run(command, check=True, capture_output=True)
+    x, weight, bias = torch.randn(7, 301), torch.randn(13, 301), torch.randn(13)
+    out = CpuKernels(library).linear(x, weight, bias)
+    expected = F.linear(x.double(), weight.double(), bias.double())
+    torch.testing.assert_close(out.double(), expected, atol=1e-4, rtol=1e-5)
+
+
+def test_a_decode_steps_rows_stream_and_a_prefills_go_to_blas() -> None:
+    rows_streamed = []
+
+    def streamed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        rows_streamed.append(x.shape[0])
+        return load_cpu_kernels().linear(x, w, b)
+
+    layer = Linear(64, 32, bias=True)
+    layer.pack_for_cpu(streamed)
+    with torch.no_grad():
+        for rows in (1, STREAMED_ROWS, STREAMED_ROWS + 1):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert rows_streamed == [1, STREAMED_ROWS]
+
+
+def test_linear_is_the_same_on_one_thread_and_two() -> None:
+    x, weight = torch.randn(5, 300), torch.randn(70, 300)
+    kernels = load_cpu_kernels()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernels.linear(x, weight)
+        torch.set_num_threads(2)
+        two = kernels.linear(x, weight)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)  # each output is one thread's dot product
 
 
 @pytest.mark.parametrize(("vocab", "threads"), [(300, 1), (32000, 2)])

@@ -1,6 +1,7 @@
 """The CPU kernels: paged attention (cpu_attention.cpp), the fused small ops between the
-matmuls (cpu_fused.cpp) and sampling (cpu_sampling.cpp), compiled once per machine
-with g++, cached across restarts, called through ctypes.
+matmuls (cpu_fused.cpp), a decode step's matmuls (cpu_linear.cpp) and sampling
+(cpu_sampling.cpp), compiled once per machine with g++, cached across restarts, called
+through ctypes.
 
 No torch headers are involved, so a build takes about a second rather than the minute a
 `torch.utils.cpp_extension` build takes. The shared library is keyed by the source, the
@@ -30,11 +31,12 @@ from runtime.kernels.checks import (
 )
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "cpu_attention.cpp", HERE / "cpu_fused.cpp", HERE / "cpu_sampling.cpp")
+SOURCES = tuple(HERE / f"cpu_{name}.cpp" for name in ("attention", "fused", "linear", "sampling"))
 HEADERS = (HERE / "cpu_common.h", HERE / "cpu_attention_tiles.h")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
          "-fno-math-errno", "-fno-trapping-math")  # fmt: skip
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+LINEAR_TILE = 4  # cpu_linear.cpp's kTileN: weight rows widened at once, per thread
 # Each C entry point's arguments, as the .cpp files declare them: i int, q int64, f float,
 # p pointer. Every one returns an int: 0, or a code for `_raise_for`.
 SIGNATURES = {
@@ -45,6 +47,7 @@ SIGNATURES = {
     "fused_rotary": "i p q q q q p p i",
     "greedy_pick": "p q q p p",
     "sample_pick": "p q q p p p p p p i",
+    "skinny_linear": "i p p p p q q q p i",
 }
 _CTYPES = {"i": ctypes.c_int, "q": ctypes.c_int64, "f": ctypes.c_float, "p": ctypes.c_void_p}
 
@@ -160,6 +163,33 @@ class CpuKernels:
             torch.get_num_threads(),
         )
         return tokens
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x [rows, k] @ weight [n, k]^T + bias: for a few rows (a decode step's)."""
+        check_contiguous(x, weight, *(() if bias is None else (bias,)), dtypes=DTYPES)
+        rows, k = x.shape
+        n = weight.shape[0]
+        if weight.shape[1] != k or (bias is not None and bias.shape != (n,)):
+            raise KernelError(f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+        out = x.new_empty((rows, n))
+        threads = torch.get_num_threads()
+        scratch = torch.empty(rows * (k + n) + threads * LINEAR_TILE * k, dtype=torch.float32)
+        self._call(
+            "skinny_linear",
+            DTYPES[x.dtype],
+            out.data_ptr(),
+            x.data_ptr(),
+            weight.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            rows,
+            n,
+            k,
+            scratch.data_ptr(),
+            threads,
+        )
+        return out
 
     def rms_norm(
         self,

@@ -5,16 +5,19 @@ the model code sees them only through `Kernels`."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
 from runtime.kernels.checks import KernelError
 from runtime.kernels.cpu import DTYPES as CPU_DTYPES
-from runtime.kernels.cpu import load_cpu_kernels
+from runtime.kernels.cpu import CpuKernels, load_cpu_kernels
 
 log = logging.getLogger(__name__)
 BACKENDS = ("auto", "cpp", "triton", "torch")
+# y = x W^T + b by a kernel that reads W once (runtime/kernels/cpu_linear.cpp): (x, W, b)
+StreamedLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 class Kernels(Protocol):
@@ -102,6 +105,12 @@ def select_kernels(backend: str, device: torch.device, dtype: torch.dtype) -> Ke
             raise
         log.warning("the CPU attention kernels are unavailable, using torch's: %s", exc)
         return None
+
+
+def streamed_linear(kernels: Kernels | None) -> StreamedLinear | None:
+    """The kernel that computes a decode step's linears by streaming each weight once (CPU
+    kernels only: on a GPU, cuBLAS does that)."""
+    return kernels.linear if isinstance(kernels, CpuKernels) else None
 
 
 def _triton(device: torch.device, explicit: bool) -> Kernels | None:

@@ -197,10 +197,7 @@ class RowParallelLinear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
             return super().forward(x)
-        if self.packed is None:
-            y = F.linear(x, self.weight)
-        else:
-            y = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        y = self.product(x, None)
         self.tp.all_reduce_(y)
         return y if self.bias is None else y + self.bias
 

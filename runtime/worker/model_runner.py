@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 
 from runtime.config import EngineConfig
-from runtime.kernels.select import select_kernels
+from runtime.kernels.select import select_kernels, streamed_linear
 from runtime.layers.basic import pack_linears_for_cpu
 from runtime.layers.parallel import SINGLE, TPGroup, kv_heads_per_rank
 from runtime.model_info import load_model_info, resolve_max_model_len
@@ -90,6 +90,8 @@ class ModelRunner:
         self.block_size = config.block_size
         args = self.args = ModelArgs.from_hf(self.info.hf_config, self.info.architecture)
         self.model_path = config.model  # where the served weights came from
+        self.kernels = select_kernels(config.attention_backend, self.device, self.info.dtype)
+        self.attention_backend = "torch" if self.kernels is None else self.kernels.name
         self.model: torch.nn.Module | None = self._build_model(config.model, progress)
         workers = config.data_parallel_size * config.tensor_parallel_size
         parameters = sum(p.numel() for p in self.model.parameters())
@@ -115,8 +117,6 @@ class ModelRunner:
             self.info.vocab_size, self.info.eos_token_ids, self.device
         )
         self.prompt_logprobs = PromptLogprobs()
-        self.kernels = select_kernels(config.attention_backend, self.device, self.info.dtype)
-        self.attention_backend = "torch" if self.kernels is None else self.kernels.name
         self.inputs = InputBuilder(
             self.device,
             config.block_size,
@@ -185,7 +185,7 @@ class ModelRunner:
         model.to(device=self.device, dtype=self.info.dtype)
         load_weights(model, model_dir, progress=progress)
         if self.device.type == "cpu":
-            pack_linears_for_cpu(model)
+            pack_linears_for_cpu(model, streamed_linear(self.kernels))
         return model.eval()
 
     def update_weights(self, model_dir: str) -> str:
@@ -214,7 +214,8 @@ class ModelRunner:
         except CheckpointError as exc:
             return str(exc)
         if self.device.type == "cpu":
-            pack_linears_for_cpu(self.model)  # the packed copies are of the old weights
+            # the packed copies are of the old weights
+            pack_linears_for_cpu(self.model, streamed_linear(self.kernels))
         return ""
 
     def install_file(self, path: str) -> str:
