@@ -209,7 +209,7 @@ def test_linear_in_vectors_of_16_matches_on_any_cpu(tmp_path: Path) -> None:
     torch.testing.assert_close(out.double(), expected, atol=1e-4, rtol=1e-5)
 
 
-def test_a_decode_steps_rows_stream_and_a_prefills_go_to_blas() -> None:
+def test_decode_rows_stream_and_float32_prefills_go_to_blas() -> None:
     rows_streamed = []
 
     def streamed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -222,7 +222,11 @@ def test_a_decode_steps_rows_stream_and_a_prefills_go_to_blas() -> None:
         for rows in (1, STREAMED_ROWS, STREAMED_ROWS + 1):
             x = torch.randn(rows, 64)
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
-    assert rows_streamed == [1, STREAMED_ROWS]
+        assert rows_streamed == [1, STREAMED_ROWS]
+        layer.to(torch.bfloat16).pack_for_cpu(streamed)
+        layer(torch.randn(STREAMED_ROWS + 1, 64, dtype=torch.bfloat16))
+    # bf16 prefills too, unless oneDNN took the weight (it has a bf16 path on this CPU)
+    assert rows_streamed[2:] == ([] if layer.packed is not None else [STREAMED_ROWS + 1])
 
 
 def test_linear_is_the_same_on_one_thread_and_two() -> None:
