@@ -171,6 +171,7 @@ def test_greedy_pick_matches_argmax_and_log_softmax(shape: tuple[int, int]) -> N
         (7, 13, 259, True),  # an odd row left over, a partial weight tile, a tail of K
         (32, 64, 768, False),  # a full decode batch
         (3, 1, 5, True),  # K shorter than a vector
+        (300, 9, 768, True),  # a prefill: rows in three blocks
     ],
 )
 def test_linear_matches_float64_reference(
