@@ -17,6 +17,7 @@ from transformers import PretrainedConfig
 from runtime.kernels.cpu import FLAGS, SOURCES, CpuKernels, KernelError, load_cpu_kernels
 from runtime.layers.basic import STREAMED_ROWS, Linear, RMSNorm
 from runtime.layers.rotary import RotaryEmbedding, apply_rope_
+from runtime.worker.sampler import make_sampling_batch
 from tests.kernel_cases import (
     TIE_CASES,
     check_sampling_among_ties,
@@ -257,6 +258,18 @@ def test_sampling_draws_the_torch_samplers_tokens(vocab: int, threads: int) -> N
 @pytest.mark.parametrize("scale", [0.1, 30.0])  # near-uniform: a few big bins; peaked
 def test_sampling_over_a_flat_or_a_peaked_row(scale: float) -> None:
     check_sampling_draws(load_cpu_kernels(), torch.device("cpu"), 4096, draws=4, scale=scale)
+
+
+def test_sampling_a_row_of_nans_or_infinities_picks_a_token_in_range() -> None:
+    """A model that overflowed must not take the worker down with it."""
+    logits = torch.randn(4, 500)
+    logits[0, 7] = torch.nan
+    logits[1] = torch.nan
+    logits[2, 3] = torch.inf
+    logits[3] = -torch.inf
+    b = make_sampling_batch([(1.0, 5, 0.9, 0.1, seed, 0) for seed in range(4)], torch.device("cpu"))
+    tokens = load_cpu_kernels().sample(logits, b.temperature, b.top_k, b.top_p, b.min_p, b.uniforms)
+    assert all(0 <= t < 500 for t in tokens.tolist())
 
 
 @pytest.mark.parametrize(("params", "tail", "allowed"), TIE_CASES)

@@ -167,7 +167,8 @@ class CpuKernels:
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """x [rows, k] @ weight [n, k]^T + bias: for a few rows (a decode step's)."""
+        """x [rows, k] @ weight [n, k]^T + bias, each weight read once (a decode step; in
+        bfloat16 on CPUs where oneDNN has no bf16 path, every step)."""
         check_contiguous(x, weight, *(() if bias is None else (bias,)), dtypes=DTYPES)
         rows, k = x.shape
         n = weight.shape[0]

@@ -95,10 +95,10 @@ inline bool is_kept(float p, int64_t i, Cut cut) {
   return p > cut.value || (p == cut.value && i <= cut.index);
 }
 
-inline int bin_of(float p) {
+inline int bin_of(float p) {  // NaN (a model that overflowed) and above 1.0: the top bin
   uint32_t bits;
   std::memcpy(&bits, &p, sizeof bits);
-  return int(bits >> kShift);
+  return std::min(int((bits & 0x7fffffffu) >> kShift), kBins - 1);
 }
 
 inline Cut earlier(Cut a, Cut b) {  // the cut that keeps fewer tokens
@@ -131,7 +131,7 @@ class Row {
     mass_.assign(kBins, 0.0);
     for (int64_t i = 0; i < n; ++i) {
       p_[i] *= top_;
-      const int b = std::min(bin_of(p_[i]), kBins - 1);
+      const int b = bin_of(p_[i]);
       bin_[i] = uint16_t(b);
       count_[b] += 1;
       mass_[b] += p_[i];
