@@ -17,7 +17,7 @@ from transformers import PretrainedConfig
 from runtime.kernels.cpu import FLAGS, SOURCES, CpuKernels, KernelError, load_cpu_kernels
 from runtime.layers.basic import STREAMED_ROWS, Linear, RMSNorm
 from runtime.layers.rotary import RotaryEmbedding, apply_rope_
-from runtime.worker.sampler import make_sampling_batch
+from runtime.worker.sampler import choose, make_sampling_batch
 from tests.kernel_cases import (
     TIE_CASES,
     check_sampling_among_ties,
@@ -258,6 +258,15 @@ def test_sampling_draws_the_torch_samplers_tokens(vocab: int, threads: int) -> N
 @pytest.mark.parametrize("scale", [0.1, 30.0])  # near-uniform: a few big bins; peaked
 def test_sampling_over_a_flat_or_a_peaked_row(scale: float) -> None:
     check_sampling_draws(load_cpu_kernels(), torch.device("cpu"), 4096, draws=4, scale=scale)
+
+
+def test_sampling_reads_rows_a_stride_apart() -> None:
+    wide = 3 * torch.randn(6, 700, generator=torch.Generator().manual_seed(5))
+    logits = wide[:, :500]  # rows 700 apart, as a slice of a wider buffer leaves them
+    b = make_sampling_batch([(1.0, 0, 0.9, 0.0, seed, 0) for seed in range(6)], torch.device("cpu"))
+    expected, _ = choose(logits.contiguous(), b)
+    tokens = load_cpu_kernels().sample(logits, b.temperature, b.top_k, b.top_p, b.min_p, b.uniforms)
+    assert tokens.tolist() == expected.tolist()
 
 
 def test_sampling_a_row_of_nans_or_infinities_picks_a_token_in_range() -> None:

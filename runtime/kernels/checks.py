@@ -33,3 +33,31 @@ def check_contiguous(
     for t in tensors:
         if not t.is_contiguous() or t.dtype != dtype or dtype not in dtypes:
             raise KernelError(f"expected contiguous {dtype} tensors, got {t.dtype}")
+
+
+def check_sampling(logits: torch.Tensor, *params: tuple[torch.Tensor, torch.dtype]) -> None:
+    """float32 logits [B, vocab] (rows may be strided) and one (tensor, dtype) per row
+    parameter, each a contiguous [B] of that dtype."""
+    if logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
+        raise KernelError(f"expected float32 [B, vocab] logits, got {logits.dtype}")
+    rows = logits.shape[0]
+    for tensor, dtype in params:
+        if tensor.shape != (rows,) or tensor.dtype != dtype or not tensor.is_contiguous():
+            raise KernelError(f"expected [{rows}] {dtype}, got {tensor.shape} {tensor.dtype}")
+
+
+def sampling_params(
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> tuple[tuple[torch.Tensor, torch.dtype], ...]:
+    """The sampling kernels' row parameters with the dtypes both kernel sets read."""
+    return (
+        (temperature, torch.float32),
+        (top_k, torch.int64),
+        (top_p, torch.float32),
+        (min_p, torch.float32),
+        (uniforms, torch.float64),
+    )

@@ -28,6 +28,8 @@ from runtime.kernels.checks import (
     check_contiguous,
     check_heads_packed,
     check_rows,
+    check_sampling,
+    sampling_params,
 )
 
 HERE = Path(__file__).parent
@@ -46,7 +48,7 @@ SIGNATURES = {
     "fused_silu_and_mul": "i p p q q i",
     "fused_rotary": "i p q q q q p p i",
     "greedy_pick": "p q q p p",
-    "sample_pick": "p q q p p p p p p i",
+    "sample_pick": "p q q q p p p p p p i",
     "skinny_linear": "i p p p p q q q p i",
 }
 _CTYPES = {"i": ctypes.c_int, "q": ctypes.c_int64, "f": ctypes.c_float, "p": ctypes.c_void_p}
@@ -139,23 +141,14 @@ class CpuKernels:
         min_p: torch.Tensor,  # [B] float32
         uniforms: torch.Tensor,  # [B] float64 in (0, 1)
     ) -> torch.Tensor:  # [B] int64: the torch sampler's tokens, without its sort
-        if logits.dtype != torch.float32 or not logits.is_contiguous() or logits.dim() != 2:
-            raise KernelError(f"expected contiguous float32 [B, vocab] logits, got {logits.dtype}")
+        params = sampling_params(temperature, top_k, top_p, min_p, uniforms)
+        check_sampling(logits, *params)
         rows, vocab = logits.shape
-        params = (
-            (temperature, torch.float32),
-            (top_k, torch.int64),
-            (top_p, torch.float32),
-            (min_p, torch.float32),
-            (uniforms, torch.float64),
-        )
-        for tensor, dtype in params:
-            if tensor.shape != (rows,) or tensor.dtype != dtype or not tensor.is_contiguous():
-                raise KernelError(f"expected [{rows}] {dtype}, got {tensor.shape} {tensor.dtype}")
         tokens = torch.empty(rows, dtype=torch.int64)
         self._call(
             "sample_pick",
             logits.data_ptr(),
+            logits.stride(0),
             rows,
             vocab,
             *(tensor.data_ptr() for tensor, _ in params),
@@ -176,7 +169,9 @@ class CpuKernels:
             raise KernelError(f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
         out = x.new_empty((rows, n))
         threads = torch.get_num_threads()
-        scratch = torch.empty(rows * (k + n) + threads * LINEAR_TILE * k, dtype=torch.float32)
+        # bfloat16 is widened to float32 in scratch: x, the results, a weight tile per thread
+        floats = rows * (k + n) + threads * LINEAR_TILE * k if x.dtype == torch.bfloat16 else 0
+        scratch = torch.empty(floats, dtype=torch.float32)
         self._call(
             "skinny_linear",
             DTYPES[x.dtype],

@@ -138,12 +138,21 @@ void weight_tile(float* out, const float* x, const T* w, int64_t rows, int64_t n
 template <typename T>
 void linear(T* y, const T* x, const T* w, const T* bias, int64_t rows, int64_t n, int64_t k,
             float* scratch, int threads) {
-  // x widened to float32 once (a few KB), and results gathered in float32 before rounding
-  float* xf = scratch;
-  float* acc = scratch + rows * k;
-  for (int64_t i = 0; i < rows * k; ++i) xf[i] = to_float(x[i]);
+  // float32 is read and written where it lies; bfloat16 x is widened once (a few KB), and
+  // its results gathered in float32 before rounding
+  const float* xf;
+  float* acc;
+  float* wide = scratch + rows * (k + n);  // kTileN * k floats per thread (bfloat16 only)
+  if constexpr (sizeof(T) == 4) {
+    xf = reinterpret_cast<const float*>(x);
+    acc = reinterpret_cast<float*>(y);
+  } else {
+    float* widened = scratch;
+    for (int64_t i = 0; i < rows * k; ++i) widened[i] = to_float(x[i]);
+    xf = widened;
+    acc = scratch + rows * k;
+  }
   const int64_t tiles = n / kTileN;
-  float* wide = acc + rows * n;  // kTileN * k floats per thread
   // rows in blocks whose float32 copy stays in L2 while every weight tile passes over it (a
   // prefill's x re-read from L3 once per weight tile ran at two thirds of the speed)
   const int64_t block = std::max<int64_t>(kMinBlock, kBlockFloats / k / kTileM * kTileM);
@@ -159,6 +168,7 @@ void linear(T* y, const T* x, const T* w, const T* bias, int64_t rows, int64_t n
   }
   for (int64_t n0 = tiles * kTileN; n0 < n; ++n0)
     weight_tile<T, 1>(acc, xf, w, rows, n, k, n0, wide);
+  if (sizeof(T) == 4 && !bias) return;  // the results are y already
   for (int64_t m = 0; m < rows; ++m)
     for (int64_t j = 0; j < n; ++j) {
       const float b = bias ? to_float(bias[j]) : 0.f;
@@ -170,8 +180,8 @@ void linear(T* y, const T* x, const T* w, const T* bias, int64_t rows, int64_t n
 
 extern "C" {
 
-// dtype 0: float32, 1: bfloat16 (x, w, bias and y alike). scratch: rows * (k + n) +
-// threads * 4 * k floats. bias may be null.
+// dtype 0: float32, 1: bfloat16 (x, w, bias and y alike). scratch (bfloat16 only): rows *
+// (k + n) + threads * 4 * k floats. bias may be null.
 int skinny_linear(int dtype, void* y, const void* x, const void* w, const void* bias,
                   int64_t rows, int64_t n, int64_t k, float* scratch, int threads) {
   if (dtype == 0)

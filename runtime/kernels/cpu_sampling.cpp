@@ -227,9 +227,10 @@ int64_t sample_row(Row& row, const float* x, int64_t n, float t, int64_t top_k, 
 
 extern "C" {
 
-// logits [rows, vocab] float32, contiguous; per row the temperature (0: greedy), top-k (0:
-// all), top-p, min-p and a uniform number in (0, 1). tokens[r]: the token drawn.
-int sample_pick(const float* logits, int64_t rows, int64_t vocab, const float* temperatures,
+// logits [rows, vocab] float32, rows `stride` apart; per row the temperature (0: greedy),
+// top-k (0: all), top-p, min-p and a uniform number in (0, 1). tokens[r]: the token drawn.
+int sample_pick(const float* logits, int64_t stride, int64_t rows, int64_t vocab,
+                const float* temperatures,
                 const int64_t* top_ks, const float* top_ps, const float* min_ps,
                 const double* uniforms, int64_t* tokens, int threads) {
 #pragma omp parallel num_threads(threads) if (rows > 1 && threads > 1)
@@ -237,7 +238,7 @@ int sample_pick(const float* logits, int64_t rows, int64_t vocab, const float* t
     Row row;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t r = 0; r < rows; ++r)
-      tokens[r] = sample_row(row, logits + r * vocab, vocab, temperatures[r], top_ks[r],
+      tokens[r] = sample_row(row, logits + r * stride, vocab, temperatures[r], top_ks[r],
                              top_ps[r], min_ps[r], uniforms[r]);
   }
   return 0;

@@ -15,6 +15,8 @@ from runtime.kernels.checks import (
     check_contiguous,
     check_heads_packed,
     check_rows,
+    check_sampling,
+    sampling_params,
 )
 from runtime.kernels.gpu_attention import (
     combine_splits_kernel,
@@ -164,9 +166,8 @@ class TritonKernels:
         min_p: torch.Tensor,  # [B] float32
         uniforms: torch.Tensor,  # [B] float64 in (0, 1)
     ) -> torch.Tensor:  # [B] int64: the torch sampler's tokens (runtime/kernels/gpu_sampling.py)
+        check_sampling(logits, *sampling_params(temperature, top_k, top_p, min_p, uniforms))
         rows, vocab = logits.shape
-        if logits.dtype != torch.float32 or logits.stride(1) != 1:
-            raise KernelError(f"expected float32 [B, vocab] logits, got {logits.dtype}")
         tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
         sample_kernel[(rows,)](
             tokens, logits, temperature, top_k, top_p, min_p, uniforms, vocab, logits.stride(0),

@@ -87,7 +87,7 @@ def draw(logits: torch.Tensor, batch: SamplingBatch, kernels: Kernels | None) ->
     """The token ids [B] `choose` picks: by the kernels where they sample (no sort)."""
     if batch.all_greedy:
         return logits.argmax(dim=-1)
-    fits = logits.dtype == torch.float32 and logits.is_contiguous()
+    fits = logits.dtype == torch.float32 and logits.stride(-1) == 1  # rows may be strided
     if kernels is not None and kernels.samples and fits:
         b = batch
         sampler = cast(SamplingKernels, kernels)
