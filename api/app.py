@@ -14,12 +14,13 @@ from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from api import control_api, native_api, openai_api, operator_api, uploads
-from api.errors import APIError, engine_stopped, timed_out
-from api.openapi import openapi
-from api.schemas import DetokenizeRequest, TokenizeRequest
-from api.state import ServerSettings, ServerState
-from runtime.engine_client import EngineClient, EngineDeadError, RequestTimeoutError
+from api.http import uploads
+from api.http.errors import APIError, engine_stopped, timed_out
+from api.http.state import ServerSettings, ServerState
+from api.routes import control, native, openai, operator
+from api.routes.openapi import openapi
+from api.routes.schemas import DetokenizeRequest, TokenizeRequest
+from runtime.protocol import EngineClient, EngineDeadError, RequestTimeoutError
 
 # Paths anyone may read without the API key: probes and scrapers rarely carry one.
 _PUBLIC = frozenset({"/health", "/metrics", "/openapi.json"})
@@ -28,7 +29,7 @@ _PUBLIC = frozenset({"/health", "/metrics", "/openapi.json"})
 def create_app(engine: EngineClient, settings: ServerSettings) -> QuartTrio:
     app = QuartTrio(__name__)
     if settings.enable_control_api:
-        app.request_class = uploads.request_class(control_api.UPLOAD_PATHS, settings.api_key)
+        app.request_class = uploads.request_class(control.UPLOAD_PATHS, settings.api_key)
     app.config.update(
         RESPONSE_TIMEOUT=None,  # never cut a long stream (Quart's default is 60 s)
         BODY_TIMEOUT=60,
@@ -40,10 +41,10 @@ def create_app(engine: EngineClient, settings: ServerSettings) -> QuartTrio:
     state = ServerState(engine, settings)
     app.extensions["runtime"] = state
     _register_basics(app, state)
-    openai_api.register(app, state)
-    native_api.register(app, state)
-    control_api.register(app, state)
-    operator_api.register(app, state)
+    openai.register(app, state)
+    native.register(app, state)
+    control.register(app, state)
+    operator.register(app, state)
     _register_errors(app)
 
     @app.after_serving

@@ -5,8 +5,8 @@ Shutdown, once `shutdown` is set: we stop accepting connections; requests in fli
 chunk (finish_reason "abort") and `[DONE]`. Idle keep-alive connections close at once, the
 others after their response; once no request is open, whatever connection is left is closed.
 A client that stopped reading holds its connection until the send timeout
-(`api.connections`); if the process must exit sooner, that is the job of the process owner's
-hard-exit watchdog (`runtime.cli`).
+(`api.http.connections`); if the process must exit sooner, that is the job of the process owner's
+hard-exit watchdog (`runtime.cli.main`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import trio
 from hypercorn.config import Config
 
 from api.app import create_app, server_state
-from api.connections import ConnectionLimits, serve_http
-from api.keep_alive import KeepAliveMiddleware
-from api.state import ServerSettings
-from runtime.engine_client import EngineClient
+from api.http.connections import ConnectionLimits, serve_http
+from api.http.keep_alive import KeepAliveMiddleware
+from api.http.state import ServerSettings
+from runtime.protocol import EngineClient
 
 logger = logging.getLogger("runtime.server")
 

@@ -29,7 +29,7 @@ import trio
 
 from benchmarks import servers
 from benchmarks.serve import Workload, benchmark, make_prompts
-from runtime.builtin_model import BUILTIN_VERSION
+from runtime.checkpoints.builtin import BUILTIN_VERSION
 
 PHASES = (
     "schedule",
@@ -359,7 +359,7 @@ def main() -> None:
     parser.add_argument("--out-dir", default="out/compare")
     args = parser.parse_args()
     if args.model is None:
-        from runtime.builtin_model import builtin_model_dir
+        from runtime.checkpoints.builtin import builtin_model_dir
 
         args.model = str(builtin_model_dir())
     out = Path(args.out_dir)

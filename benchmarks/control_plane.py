@@ -29,7 +29,7 @@ import httpx
 import trio
 
 from benchmarks.servers import free_port, ours, process_name, process_tree
-from runtime.builtin_model import builtin_model_dir
+from runtime.checkpoints.builtin import builtin_model_dir
 from runtime.worker.loader import safetensors_files
 
 # safetensors' dtype names -> torch's, as update_weights_from_distributed announces them

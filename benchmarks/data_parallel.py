@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from benchmarks.decode_throughput import run_batch
-from runtime.builtin_model import builtin_model_dir
-from runtime.config import EngineConfig
+from runtime.checkpoints.builtin import builtin_model_dir
+from runtime.config.engine import EngineConfig
 from runtime.frontend.launch import open_engine
 
 

@@ -19,12 +19,12 @@ import time
 
 import trio
 
-from runtime.builtin_model import builtin_model_dir
-from runtime.config import EngineConfig
-from runtime.engine_client import EngineStats
+from runtime.checkpoints.builtin import builtin_model_dir
+from runtime.config.engine import EngineConfig
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.engine import Engine
 from runtime.frontend.launch import open_engine
-from runtime.sampling_params import SamplingParams
+from runtime.protocol import EngineStats
 
 
 async def run_batch(

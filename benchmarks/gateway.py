@@ -23,7 +23,7 @@ import time
 import httpx
 
 from benchmarks.servers import Server, free_port, ours
-from runtime.builtin_model import builtin_model_dir
+from runtime.checkpoints.builtin import builtin_model_dir
 
 HEALTH = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1",
           "--health-check-timeout-secs", "1"]  # fmt: skip

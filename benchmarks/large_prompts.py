@@ -22,7 +22,7 @@ import httpx
 import trio
 
 from benchmarks.servers import ours, process_tree
-from runtime.builtin_model import builtin_model_dir
+from runtime.checkpoints.builtin import builtin_model_dir
 
 
 def rss_mb(pid: int) -> float:

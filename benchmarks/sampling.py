@@ -19,11 +19,11 @@ from typing import Any
 import trio
 
 from benchmarks.decode_throughput import run_batch
-from runtime.builtin_model import builtin_model_dir
-from runtime.config import EngineConfig
+from runtime.checkpoints.builtin import builtin_model_dir
+from runtime.config.engine import EngineConfig
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.engine import Engine
 from runtime.frontend.launch import open_engine
-from runtime.sampling_params import SamplingParams
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "none": {},

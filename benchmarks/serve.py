@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import trio
 
-from tools.latency import RequestRecord, latency_summary, print_latency
+from runtime.cli.latency import RequestRecord, latency_summary, print_latency
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -67,9 +67,9 @@ def process_name(pid: int) -> str:
         return "?"
     words = [w.decode(errors="replace") for w in cmdline if w]
     for marker in ("scheduler", "worker"):
-        if "runtime.actor_main" in words and marker in words:
+        if "runtime.processes.actor_main" in words and marker in words:
             return marker
-    if any("runtime.cli" in w for w in words):
+    if any("runtime.cli.main" in w for w in words):
         return "api"
     comm = (
         Path(f"/proc/{pid}/comm").read_text().strip() if Path(f"/proc/{pid}/comm").exists() else ""
@@ -160,7 +160,7 @@ def ours(
     """Our server; from another checkout of the repository (an older commit) if given, with
     `env` added to the environment."""
     port = free_port()
-    command = [sys.executable, "-m", "runtime.cli", "serve", "--model", model, "--port",
+    command = [sys.executable, "-m", "runtime.cli.main", "serve", "--model", model, "--port",
                str(port), "--dtype", dtype, "--served-model-name", served, "--max-num-seqs",
                "256", "--log-level", "warning", *(extra or [])]  # fmt: skip
     env = (env or {}) | ({"PYTHONPATH": str(Path(checkout).resolve())} if checkout else {})

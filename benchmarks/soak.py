@@ -30,7 +30,7 @@ import httpx
 import trio
 
 from benchmarks.servers import ours, process_name, process_tree
-from runtime.builtin_model import builtin_model_dir
+from runtime.checkpoints.builtin import builtin_model_dir
 
 PROMPTS = [f"Prompt number {i}: the {w} of" for i, w in enumerate(["tuple", "list", "dict", "set"])]
 MAX_TOKENS = 12

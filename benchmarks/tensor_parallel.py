@@ -22,7 +22,7 @@ import trio
 
 from benchmarks.data_parallel import alternate_sizes, sizes_parser
 from benchmarks.decode_throughput import run_batch
-from runtime.config import EngineConfig
+from runtime.config.engine import EngineConfig
 from runtime.frontend.launch import open_engine
 
 

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from anywhere: the client lives in this repository
 
 from api.client import Client  # noqa: E402
-from runtime.builtin_model import builtin_model_dir  # noqa: E402
+from runtime.checkpoints.builtin import builtin_model_dir  # noqa: E402
 
 CHECKED = "model.norm.weight"  # the weight read back after each update
 
@@ -63,7 +63,7 @@ def trainer(port: int, model_dir: str, steps: Connection) -> None:
 
 def start_server(model: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    command = [sys.executable, "-m", "runtime.cli", "serve", "--model", model, "--port",
+    command = [sys.executable, "-m", "runtime.cli.main", "serve", "--model", model, "--port",
                str(port), "--enable-control-api", "--log-level", "warning"]  # fmt: skip
     return subprocess.Popen(command, cwd=ROOT), f"http://127.0.0.1:{port}"
 

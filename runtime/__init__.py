@@ -8,20 +8,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from runtime.config import EngineConfig
-    from runtime.engine_client import RequestOutput
+    from runtime.config.engine import EngineConfig
+    from runtime.config.sampling import SamplingParams
     from runtime.frontend.engine import Engine
     from runtime.frontend.launch import open_engine
-    from runtime.sampling_params import SamplingParams
+    from runtime.protocol import RequestOutput
 
 __all__ = ["Engine", "EngineConfig", "RequestOutput", "SamplingParams", "open_engine"]
 
 _WHERE = {
     "Engine": "runtime.frontend.engine",
     "open_engine": "runtime.frontend.launch",
-    "EngineConfig": "runtime.config",
-    "RequestOutput": "runtime.engine_client",
-    "SamplingParams": "runtime.sampling_params",
+    "EngineConfig": "runtime.config.engine",
+    "RequestOutput": "runtime.protocol",
+    "SamplingParams": "runtime.config.sampling",
 }
 
 

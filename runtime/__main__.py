@@ -1,5 +1,5 @@
 """`python -m runtime serve ...`: the same as the `runtime` command."""
 
-from runtime.cli import main
+from runtime.cli.main import main
 
 main()

@@ -9,11 +9,11 @@ import torch
 from quart.typing import TestClientProtocol as QuartClient
 
 from api.app import create_app
-from api.state import ServerSettings
+from api.http.state import ServerSettings
+from runtime.checkpoints.random_model import make_tiny_model
 from tests.api_helpers import MODEL
 from tests.fake_engine import FakeEngine
 from tests.parity_helpers import greedy_references
-from tools.tiny_model import make_tiny_model
 
 if not torch.cuda.is_available():
     # the Triton kernels (runtime/kernels/gpu*.py) run in Triton's interpreter, on the CPU;

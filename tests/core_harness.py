@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections import Counter, deque
 
-from runtime.sampling_params import SamplingParams
+from runtime.config.sampling import SamplingParams
 from runtime.scheduler.actor import plan_message
 from runtime.scheduler.block_manager import BlockManager
 from runtime.scheduler.pipeline import StepPipeline

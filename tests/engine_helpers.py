@@ -13,11 +13,11 @@ from pathlib import Path
 import trio
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from runtime.config import EngineConfig
-from runtime.engine_client import RequestOutput
+from runtime.checkpoints.model_info import ModelInfo, load_model_info
+from runtime.config.engine import EngineConfig
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.engine import Engine
-from runtime.model_info import ModelInfo, load_model_info
-from runtime.sampling_params import SamplingParams
+from runtime.protocol import RequestOutput
 from tests.fake_worker import start_actors
 
 NUM_BLOCKS = 24  # fake_engine's KV pool

@@ -11,7 +11,8 @@ from typing import Any
 
 import trio
 
-from runtime.engine_client import (
+from runtime.frontend.loads import internal_state, load_entry
+from runtime.protocol import (
     EngineClient,
     EngineStats,
     FrontendStats,
@@ -25,7 +26,6 @@ from runtime.engine_client import (
     SessionParams,
     WorkerStats,
 )
-from runtime.frontend.loads import internal_state, load_entry
 
 WORDS = ["alpha ", "beta ", "gamma ", "delta ", "eps ", "zeta ", "eta ", "theta "]
 

@@ -15,7 +15,7 @@ import math
 
 import trio
 
-from runtime.config import EngineConfig
+from runtime.config.engine import EngineConfig
 from runtime.scheduler.actor import SchedulerActor
 from runtime.wire.codec import decode, encode
 from runtime.wire.messages import (

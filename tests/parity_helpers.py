@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.sampling_params import SamplingParams
+from runtime.config.sampling import SamplingParams
 from tests.engine_helpers import random_prompts
 
 LENGTHS = [1, 2, 3, 7, 15, 16, 17, 31, 48, 64, 100, 129, 150, 200, 256, 300]

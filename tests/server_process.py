@@ -21,7 +21,7 @@ class ServerProcess:
         command = [
             sys.executable,
             "-m",
-            "runtime.cli",
+            "runtime.cli.main",
             "serve",
             "--model",
             str(model),

@@ -6,7 +6,7 @@ import trio
 from quart.typing import TestClientProtocol as QuartClient
 
 from api.app import create_app
-from api.state import ServerSettings
+from api.http.state import ServerSettings
 from tests.api_helpers import MODEL, sse_payloads
 from tests.fake_engine import FakeEngine
 

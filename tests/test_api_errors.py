@@ -11,7 +11,7 @@ import trio.testing
 from quart.typing import TestClientProtocol as QuartClient
 
 from api.app import create_app
-from api.state import ServerSettings
+from api.http.state import ServerSettings
 from tests.api_helpers import MODEL, sse_payloads
 from tests.fake_engine import FakeEngine
 
@@ -341,7 +341,7 @@ async def test_engine_failure_mid_stream_is_reported_in_band(engine: FakeEngine)
 
 
 def test_text_chunk_templates_match_the_general_encoder() -> None:
-    from api.streaming import TextChunks, sse_event
+    from api.http.streaming import TextChunks, sse_event
 
     head = {"id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m"}
     chunks = TextChunks(

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from api.app import create_app
-from api.state import ServerSettings
+from api.http.state import ServerSettings
 from tests.api_helpers import MODEL
 from tests.fake_engine import FakeEngine
 

@@ -11,7 +11,7 @@ import trio
 from quart.typing import TestClientProtocol as QuartClient
 
 from api.app import create_app
-from api.state import ServerSettings
+from api.http.state import ServerSettings
 from tests.api_helpers import MODEL
 from tests.fake_engine import FakeEngine
 

@@ -11,10 +11,10 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from api import control_api
 from api.app import create_app
-from api.openapi import BODIES, openapi
-from api.state import ServerSettings
+from api.http.state import ServerSettings
+from api.routes import control as control_api
+from api.routes.openapi import BODIES, openapi
 from tests.api_helpers import MODEL
 from tests.fake_engine import FakeEngine
 

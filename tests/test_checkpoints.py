@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from runtime.config import EngineConfig
+from runtime.checkpoints.random_model import make_tiny_model
+from runtime.config.engine import EngineConfig
 from runtime.worker.loader import CheckpointError
 from runtime.worker.model_runner import ModelRunner
-from tools.tiny_model import make_tiny_model
 
 
 def test_same_seed_same_bytes(tmp_path: Path, llama_dir: Path) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.cli import api_key, build_parser, engine_config, main, raise_open_file_limit
-from runtime.config import EngineConfig
+from runtime.cli.main import api_key, build_parser, engine_config, main, raise_open_file_limit
+from runtime.config.engine import EngineConfig
 from runtime.worker.kv_memory import default_kv_cache_memory
 
 

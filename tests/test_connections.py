@@ -1,4 +1,4 @@
-"""Connection hygiene of the real HTTP server (hypercorn under api.connections), on real
+"""Connection hygiene of the real HTTP server (hypercorn under api.http.connections), on real
 sockets, against the fake engine: keep-alive ends, closes, caps and send timeouts."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import httpx
 import pytest
 import trio
 
-from api import connections, keep_alive
-from api.connections import ConnectionLimits
+from api.http import connections, keep_alive
+from api.http.connections import ConnectionLimits
+from api.http.state import ServerSettings
 from api.server import serve
-from api.state import ServerSettings
 from tests.api_helpers import MODEL
 from tests.fake_engine import FakeEngine
 

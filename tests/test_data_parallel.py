@@ -9,13 +9,13 @@ from typing import Literal
 import pytest
 import trio
 
-from runtime.cli_parser import build_parser
-from runtime.config import EngineConfig
-from runtime.engine_client import EngineDeadError, SessionParams
+from runtime.cli.parser import build_parser
+from runtime.config.engine import EngineConfig
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.engine import Engine
 from runtime.frontend.launch import open_engine
-from runtime.sampling_params import SamplingParams
-from runtime.supervisor import ActorDiedError
+from runtime.processes.supervisor import ActorDiedError
+from runtime.protocol import EngineDeadError, SessionParams
 from tests.engine_helpers import collect, collect_all, consume, consume_samples
 from tests.parity_helpers import GREEDY, SHARED, prompt_set
 

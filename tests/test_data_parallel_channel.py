@@ -11,8 +11,8 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.data_parallel import DataParallelChannel, GroupsDivergedError
-from runtime.sampling_params import SamplingParams
 from runtime.wire.messages import (
     AddRequest,
     ControlDone,

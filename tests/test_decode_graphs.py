@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.config import EngineConfig
+from runtime.config.engine import EngineConfig
 from runtime.layers.attention import AttentionMetadata, PrefillSlice
 from runtime.worker.decode_graphs import DecodeGraphs, batch_buckets
 from runtime.worker.model_runner import ModelRunner

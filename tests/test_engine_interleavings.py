@@ -18,9 +18,9 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.engine_client import RequestTimeoutError
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.engine import Engine
-from runtime.sampling_params import SamplingParams
+from runtime.protocol import RequestTimeoutError
 from tests.engine_helpers import NUM_BLOCKS, fake_engine
 from tests.fake_worker import expected_output
 

@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCHEDULER_PROCESS = """
 import sys
 import trio
-import runtime.actor_main
-from runtime.config import EngineConfig
-from runtime.sampling_params import SamplingParams
+import runtime.processes.actor_main
+from runtime.config.engine import EngineConfig
+from runtime.config.sampling import SamplingParams
 from runtime.scheduler.actor import SchedulerActor
 from runtime.wire.messages import AddRequest, StepOutputs, Submit
 from tests.fake_worker import fake_worker, memory_pipe
@@ -68,28 +68,48 @@ def test_the_scheduler_process_never_loads_torch_or_transformers() -> None:
 
 def test_starting_actors_does_not_load_them_into_the_api_process() -> None:
     """In process mode the supervisor spawns interpreters; only inproc mode imports actors."""
-    code = "import sys\nimport runtime.supervisor\n"
+    code = "import sys\nimport runtime.processes.supervisor\n"
     names = ["torch", "transformers", "runtime.scheduler.actor", "runtime.worker.actor"]
     assert loaded_after(code, names) == []
 
 
-def runtime_imports(path: Path) -> list[str]:
-    """Every `runtime...` module a file imports, at any depth of its code."""
+def imports_of(path: Path, top: str) -> list[str]:
+    """Every module of package `top` that a file imports, at any depth of its code."""
     modules = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
             modules.append(node.module)
         elif isinstance(node, ast.Import):
             modules.extend(alias.name for alias in node.names)
-    return [m for m in modules if m == "runtime" or m.startswith("runtime.")]
+    return [m for m in modules if m == top or m.startswith(f"{top}.")]
 
 
-def test_api_depends_only_on_the_engine_client_protocol() -> None:
-    """api/ serves any EngineClient: it never reaches into the engine's internals."""
-    offenders = {
+def offenders(folder: str, top: str, allowed: tuple[str, ...] = ()) -> list[str]:
+    """Imports of package `top` in `folder`'s files, but for modules under `allowed`."""
+    found = {
         f"{path.relative_to(ROOT)}: {module}"
-        for path in sorted((ROOT / "api").glob("*.py"))
-        for module in runtime_imports(path)
-        if module != "runtime.engine_client"
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for module in imports_of(path, top)
+        if not any(module == a or module.startswith(f"{a}.") for a in allowed)
     }
-    assert not offenders, sorted(offenders)
+    return sorted(found)
+
+
+def test_api_depends_only_on_the_engine_protocol() -> None:
+    """api/ serves any EngineClient: it never reaches into the engine's internals."""
+    assert offenders("api", "runtime", allowed=("runtime.protocol",)) == []
+
+
+def test_runtime_does_not_import_api_or_tools_but_from_its_entry_points() -> None:
+    """The entry points (runtime/cli) sit above runtime/ and api/; nothing else in runtime/
+    knows the HTTP layer, and the product never imports tools/."""
+    below_cli = [f for f in offenders("runtime", "api") if not f.startswith("runtime/cli/")]
+    assert below_cli == []
+    assert offenders("runtime", "tools") == []
+    assert offenders("api", "tools") == []
+
+
+def test_the_client_does_not_load_the_server() -> None:
+    """`api.client` works beside any program: it loads no web framework and no engine."""
+    names = ["quart", "hypercorn", "torch", "transformers", "runtime", "api.http", "api.routes"]
+    assert loaded_after("import sys\nimport api.client\n", names) == []

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from runtime.config import EngineConfig
+from runtime.config.engine import EngineConfig
 from runtime.frontend.inputs import INLINE_CHARS, InputProcessor
 
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from runtime.config import EngineConfig
+from runtime.checkpoints.random_model import make_tiny_model
+from runtime.config.engine import EngineConfig
 from runtime.layers.basic import Linear
 from runtime.worker.loader import CheckpointError, install_tensors
 from runtime.worker.model_runner import ModelRunner
-from tools.tiny_model import make_tiny_model
 
 
 def runner_for(model_dir: Path) -> ModelRunner:

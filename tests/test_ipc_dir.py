@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runtime import ipc_dir
+from runtime.processes import ipc_dir
 
 
 def dead_pid() -> int:

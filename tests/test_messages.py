@@ -3,7 +3,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from runtime.sampling_params import SamplingParams
+from runtime.config.sampling import SamplingParams
 from runtime.tracing import ProfileRequest
 from runtime.wire.codec import _TAG_OF, WireError, decode, encode
 from runtime.wire.messages import (

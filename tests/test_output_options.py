@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from runtime.config import EngineConfig
+from runtime.config.engine import EngineConfig
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.detokenizer import IncrementalDetokenizer
 from runtime.frontend.launch import open_engine
-from runtime.sampling_params import SamplingParams
 from tests.engine_helpers import collect, random_prompts
 
 PROMPT = random_prompts([20], seed=3)[0]

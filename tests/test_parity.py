@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.config import EngineConfig
+from runtime.config.engine import EngineConfig
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.launch import open_engine
-from runtime.sampling_params import SamplingParams
 from tests.conftest import ARCHS
 from tests.engine_helpers import collect, collect_all, random_prompts
 from tests.parity_helpers import GREEDY, SHARED, prompt_set

@@ -11,9 +11,9 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from runtime.engine_client import RequestOutput
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.engine import Engine
-from runtime.sampling_params import SamplingParams
+from runtime.protocol import RequestOutput
 from tests.engine_helpers import NUM_BLOCKS, fake_engine
 from tests.fake_worker import expected_output
 

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 import trio
 
-from runtime import ipc_dir
-from runtime.config import EngineConfig
-from runtime.engine_client import EngineDeadError
+from runtime.config.engine import EngineConfig
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.launch import open_engine
-from runtime.sampling_params import SamplingParams
-from runtime.supervisor import ActorDiedError
+from runtime.processes import ipc_dir
+from runtime.processes.supervisor import ActorDiedError
+from runtime.protocol import EngineDeadError
 
 PARENT = """
 import sys, trio
-from runtime.config import EngineConfig
+from runtime.config.engine import EngineConfig
 from runtime.frontend.launch import open_engine
 
 async def main():

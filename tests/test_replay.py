@@ -39,7 +39,7 @@ def test_a_dump_replays(llama_dir: Path, tmp_path: Path) -> None:
         for path, body in requests:
             httpx.post(url + path, json=body, timeout=60)
         replay = subprocess.run(
-            [sys.executable, "-m", "runtime.cli", "replay", str(folder), "--url", url,
+            [sys.executable, "-m", "runtime.cli.main", "replay", str(folder), "--url", url,
              "--speed", "20"],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from api.app import create_app
-from api.request_log import LogConfig
-from api.state import ServerSettings
+from api.http.request_log import LogConfig
+from api.http.state import ServerSettings
 from tests.api_helpers import MODEL
 from tests.fake_engine import FakeEngine
 

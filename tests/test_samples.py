@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config import EngineConfig
-from runtime.engine_client import SessionParams
+from runtime.config.engine import EngineConfig
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.launch import open_engine
-from runtime.sampling_params import SamplingParams
+from runtime.protocol import SessionParams
 from tests.engine_helpers import collect, consume_samples, random_prompts
 
 PROMPT = random_prompts([200], seed=5)[0]  # 13 blocks of 16; 12 shared

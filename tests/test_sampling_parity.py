@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from runtime.config import EngineConfig
+from runtime.config.engine import EngineConfig
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.launch import open_engine
-from runtime.sampling_params import SamplingParams
 from tests.engine_helpers import collect_all, random_prompts
 
 MAX_TOKENS = 12

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.sampling_params import SamplingParams
+from runtime.config.sampling import SamplingParams
 from runtime.scheduler.block_manager import BlockManager
 from runtime.scheduler.sequence import Sequence
 from tests.core_harness import EOS, CoreHarness

@@ -10,8 +10,8 @@ import pytest
 import trio
 import trio.testing
 
-from runtime.config import EngineConfig
-from runtime.sampling_params import SamplingParams
+from runtime.config.engine import EngineConfig
+from runtime.config.sampling import SamplingParams
 from runtime.wire.messages import (
     AddRequest,
     EngineReady,

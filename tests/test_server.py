@@ -302,7 +302,7 @@ def test_a_dead_worker_is_reported_in_band_then_the_server_exits(llama_dir: Path
     try:
         children = proc.child_pids()
         roles = {Path(f"/proc/{p}/cmdline").read_text().split("\0")[3]: p for p in children}
-        worker = roles["worker"]  # python -m runtime.actor_main ROLE SPEC
+        worker = roles["worker"]  # python -m runtime.processes.actor_main ROLE SPEC
         last = last_events_after_first_chunk(proc, 500, lambda: os.kill(worker, signal.SIGKILL))
         assert last[-1] == "[DONE]"
         error = json.loads(last[-2])["error"]

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from runtime.config import EngineConfig
-from runtime.engine_client import SessionParams
+from runtime.config.engine import EngineConfig
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.engine import Engine
 from runtime.frontend.launch import open_engine
-from runtime.sampling_params import SamplingParams
+from runtime.protocol import SessionParams
 from tests.engine_helpers import collect, consume
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)

@@ -20,8 +20,8 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.engine import Engine
-from runtime.sampling_params import SamplingParams
 from tests.engine_helpers import NUM_BLOCKS, fake_engine
 
 # Virtual seconds in which everything must have ended once the program is over.

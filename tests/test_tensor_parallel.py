@@ -15,15 +15,15 @@ import trio
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from runtime.cli_parser import build_parser
-from runtime.config import EngineConfig
-from runtime.engine_client import EngineDeadError
+from runtime.cli.parser import build_parser
+from runtime.config.engine import EngineConfig
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.engine import Engine
 from runtime.frontend.launch import open_engine
 from runtime.layers import parallel
 from runtime.layers.parallel import TPGroup
-from runtime.sampling_params import SamplingParams
-from runtime.supervisor import ActorDiedError
+from runtime.processes.supervisor import ActorDiedError
+from runtime.protocol import EngineDeadError
 from runtime.wire.messages import ShardStep
 from runtime.worker import shard_follower, tp_group
 from runtime.worker.model_runner import ModelRunner

@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch import distributed as dist
 
-from runtime.config import EngineConfig
+from runtime.checkpoints.model_info import load_model_info
+from runtime.config.engine import EngineConfig
 from runtime.layers.parallel import (
     ColumnParallelLinear,
     ParallelLMHead,
@@ -25,7 +26,6 @@ from runtime.layers.parallel import (
     VocabParallelEmbedding,
     kv_heads_per_rank,
 )
-from runtime.model_info import load_model_info
 from runtime.models import MODELS
 from runtime.models.llama import ModelArgs
 from runtime.wire.messages import StopShards

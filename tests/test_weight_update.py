@@ -14,8 +14,8 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from api.client import Client
+from runtime.checkpoints.random_model import make_tiny_model
 from tests.server_process import ServerProcess
-from tools.tiny_model import make_tiny_model
 
 PROMPT = list(range(3, 43))  # 40 tokens: two full blocks of 16 get cached
 MAX_TOKENS = 12

@@ -20,9 +20,9 @@ import trio
 from safetensors import safe_open
 
 from api.client import Client
+from runtime.checkpoints.random_model import make_tiny_model
 from tests.server_process import ServerProcess
 from tests.test_weight_update import generate, reference
-from tools.tiny_model import make_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -33,8 +33,8 @@ from typing import TypeVar
 
 import trio
 
-from runtime.engine_client import RankStats
 from runtime.frontend.router import Router
+from runtime.protocol import RankStats
 from runtime.wire.codec import WireError
 from runtime.wire.messages import (
     AddRequest,

@@ -26,17 +26,9 @@ from typing import Any
 import trio
 from transformers import PreTrainedTokenizerBase
 
-from runtime.config import EngineConfig
-from runtime.engine_client import (
-    EngineClient,
-    EngineDeadError,
-    EngineStats,
-    FrontendStats,
-    ModelCard,
-    RequestOutput,
-    RequestTimeoutError,
-    SessionParams,
-)
+from runtime.checkpoints.model_info import ModelInfo
+from runtime.config.engine import EngineConfig
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.calls import Answer, Calls
 from runtime.frontend.data_parallel import DataParallelChannel
 from runtime.frontend.inputs import InputProcessor
@@ -48,8 +40,16 @@ from runtime.frontend.request_stream import RequestStream, dispatch
 from runtime.frontend.sessions import SessionCalls, Sessions, SessionTurn
 from runtime.frontend.steering import Steering
 from runtime.frontend.steering_calls import SteeringCalls
-from runtime.model_info import ModelInfo
-from runtime.sampling_params import SamplingParams
+from runtime.protocol import (
+    EngineClient,
+    EngineDeadError,
+    EngineStats,
+    FrontendStats,
+    ModelCard,
+    RequestOutput,
+    RequestTimeoutError,
+    SessionParams,
+)
 from runtime.tracing import PhaseTrace
 from runtime.wire.codec import WireError
 from runtime.wire.messages import (

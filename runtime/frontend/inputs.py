@@ -21,8 +21,8 @@ import trio
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
-from runtime.config import EngineConfig
-from runtime.sampling_params import SamplingParams
+from runtime.config.engine import EngineConfig
+from runtime.config.sampling import SamplingParams
 
 T = TypeVar("T")
 

@@ -12,12 +12,12 @@ from contextlib import ExitStack, asynccontextmanager
 import trio
 from transformers import AutoTokenizer
 
-from runtime.config import EngineConfig
-from runtime.engine_client import EngineDeadError
+from runtime.checkpoints.model_info import load_model_info, resolve_max_model_len
+from runtime.config.engine import EngineConfig
 from runtime.frontend.data_parallel import DataParallelChannel
 from runtime.frontend.engine import Engine
-from runtime.model_info import load_model_info, resolve_max_model_len
-from runtime.supervisor import ActorDiedError, OnDeath, start_actors
+from runtime.processes.supervisor import ActorDiedError, OnDeath, start_actors
+from runtime.protocol import EngineDeadError
 from runtime.wire.transport import MessageChannel
 
 # Seconds the requests of a dead engine (and `on_actor_death`) get to report the error.

@@ -8,8 +8,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from runtime.config import EngineConfig
-from runtime.engine_client import EngineStats, RankStats
+from runtime.config.engine import EngineConfig
+from runtime.protocol import EngineStats, RankStats
 
 
 class ThroughputMeter:

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from runtime.engine_client import PromptLogprob, RequestOutput, TopLogprobs
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.detokenizer import IncrementalDetokenizer
 from runtime.frontend.request_stream import TokenOutput
 from runtime.frontend.stop_strings import StopStringMatcher
-from runtime.sampling_params import SamplingParams
+from runtime.protocol import PromptLogprob, RequestOutput, TopLogprobs
 from runtime.wire.messages import Logprobs
 
 

@@ -12,9 +12,9 @@ import time
 import trio
 from transformers import PreTrainedTokenizerBase
 
-from runtime.engine_client import RequestOutput
 from runtime.frontend.output_processor import OutputProcessor
 from runtime.frontend.request_stream import RequestStream, Signal
+from runtime.protocol import RequestOutput
 from runtime.wire.messages import AddRequest
 
 

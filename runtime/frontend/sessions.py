@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from runtime.engine_client import SessionParams
 from runtime.frontend.outbox import Outbox
+from runtime.protocol import SessionParams
 from runtime.wire.messages import AddRequest, OpenSession, ReleaseTurns
 
 MAX_TURNS = 256

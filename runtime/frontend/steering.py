@@ -14,12 +14,12 @@ from typing import Any, Protocol
 
 import trio
 
-from runtime.engine_client import EngineDeadError, EngineStats, NamedTensors
 from runtime.frontend.weight_sources import (
     announcement_problem,
     save_safetensors,
     temporary_file,
 )
+from runtime.protocol import EngineDeadError, EngineStats, NamedTensors
 from runtime.wire.messages import (
     Configure,
     FlushCache,

@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from runtime.engine_client import NamedTensors
 from runtime.frontend.steering import Steering
+from runtime.protocol import NamedTensors
 
 
 class SteeringCalls:

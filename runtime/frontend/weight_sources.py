@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from runtime.engine_client import MAX_TENSOR_DIM, NamedTensors
+from runtime.protocol import MAX_TENSOR_DIM, NamedTensors
 
 
 @contextmanager

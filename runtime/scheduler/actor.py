@@ -15,7 +15,7 @@ import time
 
 import trio
 
-from runtime.config import EngineConfig
+from runtime.config.engine import EngineConfig
 from runtime.scheduler.block_manager import BlockManager
 from runtime.scheduler.pipeline import StepPipeline
 from runtime.scheduler.scheduler import Sample, SampledToken, ScheduledStep, Scheduler

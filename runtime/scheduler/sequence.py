@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from runtime.sampling_params import SamplingParams
+from runtime.config.sampling import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

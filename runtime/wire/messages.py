@@ -9,7 +9,7 @@ Next free: 52.
 
 from __future__ import annotations
 
-from runtime.sampling_params import SamplingParams
+from runtime.config.sampling import SamplingParams
 from runtime.tracing import ProfileRequest
 from runtime.wire.codec import message, register
 from runtime.wire.stats import SchedulerStats, WorkerStats  # fields here; actors import them

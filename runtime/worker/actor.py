@@ -11,7 +11,7 @@ from collections.abc import Callable
 import trio
 from torch import distributed as dist
 
-from runtime.config import EngineConfig
+from runtime.config.engine import EngineConfig
 from runtime.tracing import actor_name
 from runtime.wire.codec import WireError
 from runtime.wire.messages import (

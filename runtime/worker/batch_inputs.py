@@ -10,6 +10,7 @@ from typing import TypedDict
 
 import torch
 
+from runtime.checkpoints.model_info import ModelInfo
 from runtime.kernels.select import Kernels
 from runtime.layers.attention import (
     AttentionMetadata,
@@ -18,7 +19,6 @@ from runtime.layers.attention import (
     causal_mask,
     gather_rows,
 )
-from runtime.model_info import ModelInfo
 from runtime.wire.messages import StepPlan
 from runtime.worker.logprobs import PromptLogprobs
 from runtime.worker.sampler import SamplingBatch, make_sampling_batch

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 from safetensors import safe_open
 
-from runtime.config import EngineConfig
+from runtime.checkpoints.model_info import load_model_info, resolve_max_model_len
+from runtime.config.engine import EngineConfig
 from runtime.kernels.select import select_kernels, streamed_linear
 from runtime.layers.basic import pack_linears_for_cpu
 from runtime.layers.parallel import SINGLE, TPGroup, kv_heads_per_rank
-from runtime.model_info import load_model_info, resolve_max_model_len
 from runtime.models import MODELS
 from runtime.models.llama import ModelArgs
 from runtime.wire.messages import Logprobs, ShardStep, StepPlan

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from runtime.sampling_params import SamplingParams
+from runtime.config.sampling import SamplingParams
 from runtime.wire.messages import StepPlan
 
 

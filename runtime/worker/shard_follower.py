@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import distributed as dist
 
-from runtime.config import EngineConfig
+from runtime.config.engine import EngineConfig
 from runtime.layers.parallel import TPGroup
 from runtime.wire.codec import WireError
 from runtime.wire.messages import (

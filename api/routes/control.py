@@ -18,7 +18,10 @@ from pydantic import BaseModel
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
-from api.control_schemas import (
+from api.http.errors import APIError
+from api.http.state import ServerState
+from api.http.uploads import body_in_file
+from api.routes.control_schemas import (
     AbortRequest,
     ConfigureLoggingRequest,
     ContinueGenerationRequest,
@@ -34,9 +37,6 @@ from api.control_schemas import (
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDistributedRequest,
 )
-from api.errors import APIError
-from api.state import ServerState
-from api.uploads import body_in_file
 
 Handler = Callable[[], Awaitable[Response]]
 

@@ -17,10 +17,10 @@ import trio
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
-from api.control_schemas import SetInternalStateRequest
-from api.errors import APIError
-from api.state import ServerState
-from runtime.engine_client import EngineDeadError, SamplingParams
+from api.http.errors import APIError
+from api.http.state import ServerState
+from api.routes.control_schemas import SetInternalStateRequest
+from runtime.protocol import EngineDeadError, SamplingParams
 
 LOAD_SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")  # SGLang's
 

@@ -11,11 +11,11 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 from quart import g, request
 
-from api.connections import ConnectionStats
-from api.errors import APIError, from_validation_error
-from api.metrics import Metrics
-from api.request_log import LogConfig, RequestLog
-from runtime.engine_client import EngineClient, RequestOutput, SamplingParams, SessionParams
+from api.http.connections import ConnectionStats
+from api.http.errors import APIError, from_validation_error
+from api.http.metrics import Metrics
+from api.http.request_log import LogConfig, RequestLog
+from runtime.protocol import EngineClient, RequestOutput, SamplingParams, SessionParams
 
 Model = TypeVar("Model", bound=BaseModel)
 

@@ -20,7 +20,7 @@ def cache_root() -> Path:
 
 def builtin_model_dir() -> Path:
     """Path of the built-in checkpoint, writing it first if this machine has none yet."""
-    from tools.tiny_model import make_tiny_model
+    from runtime.checkpoints.random_model import make_tiny_model
 
     target = cache_root() / BUILTIN_VERSION
     if (target / "model.safetensors").is_file():

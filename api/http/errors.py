@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from runtime.engine_client import EngineDeadError, RequestTimeoutError
+from runtime.protocol import EngineDeadError, RequestTimeoutError
 
 _TYPES = {
     400: "invalid_request_error",

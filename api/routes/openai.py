@@ -11,10 +11,8 @@ from typing import Any, Literal
 from quart import Response, jsonify
 from quart_trio import QuartTrio
 
-from api import logprobs_format
-from api.schemas import ChatCompletionRequest, CompletionRequest
-from api.state import ServerState
-from api.streaming import (
+from api.http.state import ServerState
+from api.http.streaming import (
     SSE_DONE,
     Collected,
     Merged,
@@ -25,7 +23,9 @@ from api.streaming import (
     sse_event,
     sse_response,
 )
-from runtime.engine_client import EngineClient, RequestOutput
+from api.routes import logprobs_format
+from api.routes.schemas import ChatCompletionRequest, CompletionRequest
+from runtime.protocol import EngineClient, RequestOutput
 
 
 def register(app: QuartTrio, state: ServerState) -> None:

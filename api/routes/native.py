@@ -10,11 +10,9 @@ from typing import Any
 from quart import Response, jsonify
 from quart_trio import QuartTrio
 
-from api import logprobs_format
-from api.errors import APIError
-from api.schemas import CloseSessionRequest, GenerateRequest, OpenSessionRequest
-from api.state import ServerState
-from api.streaming import (
+from api.http.errors import APIError
+from api.http.state import ServerState
+from api.http.streaming import (
     SSE_DONE,
     Collected,
     Merged,
@@ -24,7 +22,9 @@ from api.streaming import (
     sse_event,
     sse_response,
 )
-from runtime.engine_client import EngineClient
+from api.routes import logprobs_format
+from api.routes.schemas import CloseSessionRequest, GenerateRequest, OpenSessionRequest
+from runtime.protocol import EngineClient
 
 
 def register(app: QuartTrio, state: ServerState) -> None:

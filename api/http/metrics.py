@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from api.connections import ConnectionStats
-from runtime.engine_client import EngineClient, EngineStats, RankStats
+from api.http.connections import ConnectionStats
+from runtime.protocol import EngineClient, EngineStats, RankStats
 
 # Seconds: from a loaded CPU (tens of ms per step) up to long generations.
 _LATENCY_BUCKETS = (

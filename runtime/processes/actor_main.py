@@ -1,4 +1,4 @@
-"""Entry point of an actor's child process: `python -m runtime.actor_main ROLE SPEC_JSON`.
+"""Entry point of an actor's child process: `python -m runtime.processes.actor_main ROLE SPEC_JSON`.
 
 The parent passes everything in argv (never through fork), and holds our stdin open: when it
 reads EOF, the parent is gone (or wants us gone), and we exit at once. That is the only way we
@@ -17,7 +17,7 @@ import threading
 
 import trio
 
-from runtime.config import EngineConfig
+from runtime.config.engine import EngineConfig
 
 
 def exit_when_parent_dies() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
-from runtime.config import EngineConfig
+from runtime.config.engine import EngineConfig
 from runtime.models import MODELS
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -6,8 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from api import control_api
-from api.schemas import (
+from api.routes import control as control_api
+from api.routes.schemas import (
     ChatCompletionRequest,
     CloseSessionRequest,
     CompletionRequest,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias
 
-from runtime.sampling_params import SamplingParams
+from runtime.config.sampling import SamplingParams
 from runtime.wire.messages import SchedulerStats, WorkerStats
 
 # The largest tensor dimension update_weights_from_distributed may announce: msgpack carries

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from api.schemas import Strict
-from runtime.engine_client import MAX_TENSOR_DIM
+from api.routes.schemas import Strict
+from runtime.protocol import MAX_TENSOR_DIM
 
 PauseMode = Literal["abort", "wait", "keep"]
 

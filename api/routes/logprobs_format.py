@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.engine_client import EngineClient, PromptLogprob, TopLogprobs
+from runtime.protocol import EngineClient, PromptLogprob, TopLogprobs
 
 # JSON has no -Infinity: vLLM writes a token that cannot be sampled as -9999.0
 FLOOR = -9999.0

@@ -1,16 +1,15 @@
-"""Write small, deterministic Hugging Face checkpoints for tests and the built-in model.
+"""Small, deterministic Hugging Face checkpoints for tests (`runtime make-model`).
 
 Each checkpoint is a real HF directory (config.json, generation_config.json, model.safetensors,
 tokenizer.json, tokenizer_config.json with a ChatML template) that both `transformers` and our
 loader read. Weights are random from a fixed seed; the tokenizer is a byte-level BPE trained on
 the text of Python's own `pydoc_data`, so no download is ever needed. Same seed, same bytes.
 
-    python -m tools.tiny_model --arch llama OUT_DIR
+    runtime make-model --arch llama OUT_DIR
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,17 +243,3 @@ def make_tiny_model(out_dir: str | Path, arch: str = "llama", seed: int = 0) -> 
     (out / "tokenizer.json").write_text(train_tokenizer())
     write_json(out / "tokenizer_config.json", tokenizer_config())
     return out
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--arch", choices=sorted(ARCHS), default="llama")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    path = make_tiny_model(args.out_dir, args.arch, args.seed)
-    print(f"wrote {args.arch} checkpoint to {path}")
-
-
-if __name__ == "__main__":
-    main()

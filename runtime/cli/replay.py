@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import trio
 
-from tools.latency import RequestRecord, latency_summary, print_latency
+from runtime.cli.latency import RequestRecord, latency_summary, print_latency
 
 STREAMED_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
 

@@ -23,7 +23,7 @@ from quart import request
 from quart_trio.wrappers.request import TrioRequest
 from werkzeug.datastructures import Headers
 
-from api.errors import APIError
+from api.http.errors import APIError
 
 UNREAD_LIMIT = 128 * 2**20  # received but not yet written to the file
 MAX_UPLOAD_BYTES = 64 * 2**30  # an 8B-parameter model in float32 is 32 GiB

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from runtime import ipc_dir
-from runtime.config import EngineConfig
+from runtime.config.engine import EngineConfig
+from runtime.processes import ipc_dir
 from runtime.tracing import actor_name
 from runtime.wire.transport import Channel, inproc_address, ipc_address
 
@@ -171,7 +171,7 @@ async def _start_processes(
 async def _spawn(
     nursery: trio.Nursery, role: str, name: str, spec: dict[str, object], on_death: OnDeath
 ) -> trio.Process:
-    command = [sys.executable, "-m", "runtime.actor_main", role, json.dumps(spec)]
+    command = [sys.executable, "-m", "runtime.processes.actor_main", role, json.dumps(spec)]
     process: trio.Process = await nursery.start(_supervise, name, command, on_death)
     return process
 

@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from api.errors import APIError, unsupported
-from runtime.engine_client import SamplingParams, SessionParams
+from api.http.errors import APIError, unsupported
+from runtime.protocol import SamplingParams, SessionParams
 
 # Caps on the lists a client controls, so that no request costs the others more than its share
 # (each stop string is searched for in every new piece of text, each stop token id per token).

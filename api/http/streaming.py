@@ -17,9 +17,9 @@ from typing import Any
 import trio
 from quart import Response, make_response
 
-from api.errors import APIError, engine_stopped, timed_out
-from api.metrics import Metrics
-from runtime.engine_client import (
+from api.http.errors import APIError, engine_stopped, timed_out
+from api.http.metrics import Metrics
+from runtime.protocol import (
     EngineDeadError,
     PromptLogprob,
     RequestOutput,

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from api.client_types import (
+from api.client.types import (
     ChatChoice,
     ChatCompletion,
     ChatMessage,

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import trio
 
-from runtime import ipc_dir
-from runtime.cli_parser import build_parser
-from runtime.config import EngineConfig, parse_size
+from runtime.cli.parser import build_parser
+from runtime.config.engine import EngineConfig, parse_size
+from runtime.processes import ipc_dir
 
 logger = logging.getLogger("runtime")
 
@@ -33,14 +33,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "make-model":
-        from tools.tiny_model import make_tiny_model
+        from runtime.checkpoints.random_model import make_tiny_model
 
         print(
             f"wrote {args.arch} checkpoint to {make_tiny_model(args.out_dir, args.arch, args.seed)}"
         )
         return
     if args.command == "replay":
-        from runtime.replay import main as replay_main
+        from runtime.cli.replay import main as replay_main
 
         sys.exit(replay_main(args.dump, args.url, args.speed, args.api_key))
     logging.basicConfig(
@@ -164,12 +164,12 @@ async def serve_main(args: argparse.Namespace, config: EngineConfig) -> None:
 
 async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: trio.Event) -> None:
     """Start the engine, serve until `shutdown`, drain. A signal during startup cancels it."""
-    from api.connections import ConnectionLimits
-    from api.request_log import LogConfig
+    from api.http.connections import ConnectionLimits
+    from api.http.request_log import LogConfig
+    from api.http.state import ServerSettings
     from api.server import serve
-    from api.state import ServerSettings
     from runtime.frontend.launch import ACTOR_DEATH_GRACE, open_engine
-    from runtime.supervisor import ActorDiedError
+    from runtime.processes.supervisor import ActorDiedError
 
     raise_open_file_limit(args.max_connections)
     ready = trio.Event()
@@ -241,7 +241,7 @@ async def _cancel_unless_ready(
 
 
 async def builtin_model() -> Path:
-    from runtime.builtin_model import BUILTIN_VERSION, builtin_model_dir
+    from runtime.checkpoints.builtin import BUILTIN_VERSION, builtin_model_dir
 
     logger.info("using the built-in model %s (written on first use)", BUILTIN_VERSION)
     return await trio.to_thread.run_sync(builtin_model_dir)

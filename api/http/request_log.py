@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from runtime.engine_client import RequestOutput
+from runtime.protocol import RequestOutput
 
 PROMPT_FIELDS = ("prompt", "messages", "text", "input_ids")
 CUT = 2048  # characters of prompt and output kept at level 2
