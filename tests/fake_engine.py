@@ -13,6 +13,7 @@ import trio
 
 from runtime.frontend.loads import internal_state, load_entry
 from runtime.protocol import (
+    ControlClient,
     EngineClient,
     EngineStats,
     FrontendStats,
@@ -41,14 +42,12 @@ class FakeEngine(EngineClient):
     finished: list[str] = field(default_factory=list)
     open: set[str] = field(default_factory=set)
     step: trio.Event | None = None  # if set, each output waits for it (tests pace streams)
-    paused: str | None = None  # the pause mode, while paused (nothing else changes)
-    flushes: int = 0
-    released: set[str] = field(default_factory=set)
-    updates: list[tuple[str, dict[str, object]]] = field(default_factory=list)
-    max_num_seqs: int = 8
     sessions: set[str] = field(default_factory=set)
-    profiling: str | None = None
     data_parallel_size: int = 1  # each group reports the same figures
+    control: FakeControl = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.control = FakeControl(self)
 
     @property
     def model_card(self) -> ModelCard:
@@ -133,6 +132,107 @@ class FakeEngine(EngineClient):
     async def wait_no_requests(self) -> None:
         await trio.lowlevel.checkpoint()
 
+    def open_session(
+        self,
+        capacity_of_str_len: int,
+        session_id: str | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        session_id = session_id or f"s{len(self.sessions)}"
+        if session_id in self.sessions:
+            raise ValueError(f"session {session_id!r} is already open")
+        self.sessions.add(session_id)
+        return session_id
+
+    def close_session(self, session_id: str) -> None:
+        if session_id not in self.sessions:
+            raise ValueError(f"no open session {session_id!r}")
+        self.sessions.remove(session_id)
+
+    def get_loads(self) -> list[dict[str, Any]]:
+        return [load_entry(rank, 16, 0.0) for rank in self.statistics().per_rank()]
+
+    def get_internal_state(self) -> list[dict[str, Any]]:
+        return [internal_state(load) for load in self.get_loads()]
+
+    def server_info(self) -> dict[str, Any]:
+        return {"model": "/fake/model", "max_num_seqs": self.control.max_num_seqs, "block_size": 16}
+
+    async def check_health(self) -> None:
+        if not self.healthy:
+            await trio.sleep_forever()
+        await trio.lowlevel.checkpoint()
+
+    async def diagnose(self) -> str:
+        await trio.lowlevel.checkpoint()
+        return "the worker is not answering (the scheduler is)"
+
+    async def fetch_statistics(self) -> EngineStats:
+        await trio.lowlevel.checkpoint()
+        return self.statistics()
+
+    def statistics(self) -> EngineStats:
+        frontend = FrontendStats(
+            num_requests_open=len(self.open),
+            num_requests_generating=len(self.open),
+            prompt_tokens_total=7,
+            dispatch_seconds=0.0,
+            detokenize_seconds=0.0,
+        )
+        scheduler = dataclasses.replace(
+            SchedulerStats.idle(100),
+            num_running=len(self.open),
+            num_free_blocks=90,
+            num_generated_tokens=11,
+            num_cached_tokens=2,
+            max_num_seqs=self.control.max_num_seqs,
+        )
+        ranks = tuple(
+            RankStats(g, scheduler, WorkerStats(), 7) for g in range(self.data_parallel_size)
+        )
+        return EngineStats(frontend, scheduler, WorkerStats(), ranks)
+
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        await trio.lowlevel.checkpoint()
+        text.encode()  # a lone surrogate is a ValueError, as in the engine
+        return self._encode(text)
+
+    @staticmethod
+    def _encode(text: str) -> list[int]:
+        return [ord(c) % 100 for c in text]
+
+    async def detokenize(self, token_ids: Sequence[int]) -> str:
+        await trio.lowlevel.checkpoint()
+        if any(t >= 100 for t in token_ids):
+            raise ValueError("token ids must be ints in [0, 100)")
+        return "".join(chr(t + 32) for t in token_ids)
+
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        return [chr(t + 32) for t in token_ids]
+
+    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
+        return [text.encode() for text in self.token_texts(token_ids)]
+
+    async def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        await trio.lowlevel.checkpoint()
+        turns = (f"<{m['role']}{':' + m['name'] if 'name' in m else ''}>" for m in messages)
+        return (
+            "".join(t + m["content"] for t, m in zip(turns, messages, strict=True)) + "<assistant>"
+        )
+
+
+@dataclass
+class FakeControl(ControlClient):
+    """The fake engine's control part: records what it was asked."""
+
+    engine: FakeEngine
+    paused: str | None = None  # the pause mode, while paused (nothing else changes)
+    flushes: int = 0
+    released: set[str] = field(default_factory=set)
+    updates: list[tuple[str, dict[str, object]]] = field(default_factory=list)
+    max_num_seqs: int = 8
+    profiling: str | None = None
+
     @property
     def is_paused(self) -> bool:
         return self.paused is not None
@@ -158,7 +258,7 @@ class FakeEngine(EngineClient):
         self.updates.append((model_path, options))
         if "bad" in model_path:
             return False, f"Failed to update weights: no checkpoint at {model_path}", 0
-        return True, "Succeeded to update model weights.", len(self.open)
+        return True, "Succeeded to update model weights.", len(self.engine.open)
 
     async def update_weights_from_tensor(
         self, tensors: NamedTensors | Path, **options: object
@@ -200,7 +300,7 @@ class FakeEngine(EngineClient):
 
     async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
         await trio.lowlevel.checkpoint()
-        if self.open:
+        if self.engine.open:
             raise ValueError("cannot release memory while requests run")
         self.released |= set(tags or ("kv_cache", "weights"))
 
@@ -210,26 +310,11 @@ class FakeEngine(EngineClient):
 
     async def flush_cache(self) -> None:
         await trio.lowlevel.checkpoint()
-        if self.open:
-            raise ValueError(f"cannot flush the cache while requests are open: {len(self.open)}")
+        if self.engine.open:
+            raise ValueError(
+                f"cannot flush the cache while requests are open: {len(self.engine.open)}"
+            )
         self.flushes += 1
-
-    def open_session(
-        self,
-        capacity_of_str_len: int,
-        session_id: str | None = None,
-        timeout: float | None = None,
-    ) -> str:
-        session_id = session_id or f"s{len(self.sessions)}"
-        if session_id in self.sessions:
-            raise ValueError(f"session {session_id!r} is already open")
-        self.sessions.add(session_id)
-        return session_id
-
-    def close_session(self, session_id: str) -> None:
-        if session_id not in self.sessions:
-            raise ValueError(f"no open session {session_id!r}")
-        self.sessions.remove(session_id)
 
     async def start_profile(self, output_dir: str, *args: object, **kwargs: object) -> None:
         await trio.lowlevel.checkpoint()
@@ -243,15 +328,6 @@ class FakeEngine(EngineClient):
             raise ValueError("no profile is running")
         self.profiling = None
 
-    def get_loads(self) -> list[dict[str, Any]]:
-        return [load_entry(rank, 16, 0.0) for rank in self.statistics().per_rank()]
-
-    def get_internal_state(self) -> list[dict[str, Any]]:
-        return [internal_state(load) for load in self.get_loads()]
-
-    def server_info(self) -> dict[str, Any]:
-        return {"model": "/fake/model", "max_num_seqs": self.max_num_seqs, "block_size": 16}
-
     async def set_internal_state(self, settings: Mapping[str, Any]) -> None:
         await trio.lowlevel.checkpoint()
         if set(settings) - {"max_num_seqs", "max_running_requests"}:
@@ -259,65 +335,3 @@ class FakeEngine(EngineClient):
         value = settings.get("max_num_seqs", settings.get("max_running_requests"))
         if value is not None:  # as the real engine: naming nothing changes nothing
             self.max_num_seqs = value
-
-    async def check_health(self) -> None:
-        if not self.healthy:
-            await trio.sleep_forever()
-        await trio.lowlevel.checkpoint()
-
-    async def diagnose(self) -> str:
-        await trio.lowlevel.checkpoint()
-        return "the worker is not answering (the scheduler is)"
-
-    async def fetch_statistics(self) -> EngineStats:
-        await trio.lowlevel.checkpoint()
-        return self.statistics()
-
-    def statistics(self) -> EngineStats:
-        frontend = FrontendStats(
-            num_requests_open=len(self.open),
-            num_requests_generating=len(self.open),
-            prompt_tokens_total=7,
-            dispatch_seconds=0.0,
-            detokenize_seconds=0.0,
-        )
-        scheduler = dataclasses.replace(
-            SchedulerStats.idle(100),
-            num_running=len(self.open),
-            num_free_blocks=90,
-            num_generated_tokens=11,
-            num_cached_tokens=2,
-            max_num_seqs=self.max_num_seqs,
-        )
-        ranks = tuple(
-            RankStats(g, scheduler, WorkerStats(), 7) for g in range(self.data_parallel_size)
-        )
-        return EngineStats(frontend, scheduler, WorkerStats(), ranks)
-
-    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        await trio.lowlevel.checkpoint()
-        text.encode()  # a lone surrogate is a ValueError, as in the engine
-        return self._encode(text)
-
-    @staticmethod
-    def _encode(text: str) -> list[int]:
-        return [ord(c) % 100 for c in text]
-
-    async def detokenize(self, token_ids: Sequence[int]) -> str:
-        await trio.lowlevel.checkpoint()
-        if any(t >= 100 for t in token_ids):
-            raise ValueError("token ids must be ints in [0, 100)")
-        return "".join(chr(t + 32) for t in token_ids)
-
-    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
-        return [chr(t + 32) for t in token_ids]
-
-    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
-        return [text.encode() for text in self.token_texts(token_ids)]
-
-    async def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        await trio.lowlevel.checkpoint()
-        turns = (f"<{m['role']}{':' + m['name'] if 'name' in m else ''}>" for m in messages)
-        return (
-            "".join(t + m["content"] for t, m in zip(turns, messages, strict=True)) + "<assistant>"
-        )

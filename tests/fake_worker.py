@@ -18,18 +18,8 @@ import trio
 from runtime.config.engine import EngineConfig
 from runtime.scheduler.actor import SchedulerActor
 from runtime.wire.codec import decode, encode
-from runtime.wire.messages import (
-    ControlDone,
-    Ping,
-    Pong,
-    ReleaseMemory,
-    ResumeMemory,
-    StepPlan,
-    StepResult,
-    UpdateWeights,
-    WorkerReady,
-    WorkerStats,
-)
+from runtime.wire.control import Control, ControlDone, ReleaseMemory, ResumeMemory, UpdateWeights
+from runtime.wire.messages import Ping, Pong, StepPlan, StepResult, WorkerReady, WorkerStats
 from runtime.wire.transport import MessageChannel
 from runtime.worker.seq_table import SeqTable
 
@@ -121,9 +111,9 @@ async def fake_worker(
                 )
             case Ping(nonce=nonce):
                 await scheduler.send(Pong(nonce, None, stats))
-            case ReleaseMemory(nonce=nonce) | ResumeMemory(nonce=nonce):
+            case Control(nonce=nonce, op=ReleaseMemory() | ResumeMemory()):
                 await scheduler.send(ControlDone(nonce, ""))
-            case UpdateWeights(nonce=nonce, model_path=path):
+            case Control(nonce=nonce, op=UpdateWeights(model_path=path)):
                 weights += "bad" not in path
                 error = "CheckpointError: no such checkpoint" if "bad" in path else ""
                 await scheduler.send(ControlDone(nonce, error))

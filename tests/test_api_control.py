@@ -38,24 +38,24 @@ async def test_sglang_pause_and_continue(control: QuartClient, engine: FakeEngin
         "message": "Generation paused successfully.",
         "status": "ok",
     }
-    assert engine.paused == "keep"
+    assert engine.control.paused == "keep"
     again = await control.post("/pause_generation")  # no body: mode "abort"
     error = (await again.get_json())["error"]
     assert again.status_code == 400 and "already paused" in error["message"]
     response = await control.post("/continue_generation")
-    assert (await response.get_json())["status"] == "ok" and engine.paused is None
+    assert (await response.get_json())["status"] == "ok" and engine.control.paused is None
     response = await control.post("/pause_generation", data=b"")
-    assert response.status_code == 200 and engine.paused == "abort"
+    assert response.status_code == 200 and engine.control.paused == "abort"
 
 
 async def test_vllm_pause_resume_and_is_paused(control: QuartClient, engine: FakeEngine) -> None:
     assert await (await control.get("/is_paused")).get_json() == {"is_paused": False}
     response = await control.post("/pause", query_string={"mode": "wait"})
-    assert await response.get_json() == {"status": "paused"} and engine.paused == "wait"
+    assert await response.get_json() == {"status": "paused"} and engine.control.paused == "wait"
     assert await (await control.get("/is_paused")).get_json() == {"is_paused": True}
     assert await (await control.post("/resume")).get_json() == {"status": "resumed"}
     assert await (await control.post("/resume")).get_json() == {"status": "resumed"}  # no-op
-    assert engine.paused is None
+    assert engine.control.paused is None
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ async def test_bad_control_requests_are_400s(
     response = await control.post(path, **kwargs)
     error = (await response.get_json())["error"]
     assert response.status_code == 400 and error["param"] == param
-    assert engine.paused is None
+    assert engine.control.paused is None
 
 
 async def test_control_routes_need_the_api_key(engine: FakeEngine) -> None:
@@ -82,7 +82,7 @@ async def test_control_routes_need_the_api_key(engine: FakeEngine) -> None:
     async with create_app(engine, settings).test_app() as test_app:
         client = test_app.test_client()
         assert (await client.post("/pause_generation")).status_code == 401
-        assert engine.paused is None
+        assert engine.control.paused is None
         headers = {"Authorization": "Bearer k"}
         assert (await client.post("/pause_generation", headers=headers)).status_code == 200
 
@@ -98,7 +98,7 @@ async def test_flush_cache_and_its_vllm_alias(control: QuartClient, engine: Fake
     response = await control.post("/flush_cache")
     assert response.status_code == 200 and (await response.get_json())["success"] is True
     assert (await control.post("/reset_prefix_cache")).status_code == 200
-    assert engine.flushes == 2
+    assert engine.control.flushes == 2
     engine.open.add("r")  # a request is open: refused, naming why
     response = await control.post("/flush_cache")
     error = (await response.get_json())["error"]
@@ -136,7 +136,7 @@ async def test_update_weights_from_disk_shapes(control: QuartClient, engine: Fak
         "message": "Succeeded to update model weights.",
         "num_paused_requests": 0,
     }
-    assert engine.updates == [
+    assert engine.control.updates == [
         ("/new", {"weight_version": "v2", "flush_cache": True, "abort_all_requests": True})
     ]
     response = await control.post("/update_weights_from_disk", json={"model_path": "/bad"})
@@ -162,14 +162,16 @@ async def test_release_and_resume_memory_and_the_vllm_aliases(
     control: QuartClient, engine: FakeEngine
 ) -> None:
     response = await control.post("/release_memory_occupation", json={"tags": ["kv_cache"]})
-    assert (await response.get_json())["success"] is True and engine.released == {"kv_cache"}
+    assert (await response.get_json())["success"] is True and engine.control.released == {
+        "kv_cache"
+    }
     assert await (await control.get("/is_sleeping")).get_json() == {"is_sleeping": True}
     assert (await control.post("/resume_memory_occupation")).status_code == 200
-    assert not engine.released
+    assert not engine.control.released
     assert (await control.post("/sleep")).status_code == 200
-    assert engine.released == {"kv_cache", "weights"}
+    assert engine.control.released == {"kv_cache", "weights"}
     wake = await control.post("/wake_up", query_string={"tags": "weights"})
-    assert wake.status_code == 200 and engine.released == {"kv_cache"}
+    assert wake.status_code == 200 and engine.control.released == {"kv_cache"}
     refused = await control.post("/continue_generation")
     assert (
         refused.status_code == 400

@@ -87,15 +87,15 @@ async def test_set_internal_state(
     body = {"server_args": {"max_running_requests": 3}}
     response = await control.post("/set_internal_state", json=body, headers=AUTH)
     assert response.status_code == 200 and await response.get_json() == [True]
-    assert engine.max_num_seqs == 3
+    assert engine.control.max_num_seqs == 3
     body = {"server_args": {"max_num_seqs": 4, "block_size": 32}}
     refused = await control.post("/set_internal_state", json=body, headers=AUTH)
     error = (await refused.get_json())["error"]
     assert refused.status_code == 400 and "block_size" in error["message"]
     nothing = await control.post("/set_internal_state", json={"server_args": {}}, headers=AUTH)
-    assert nothing.status_code == 200 and engine.max_num_seqs == 3
+    assert nothing.status_code == 200 and engine.control.max_num_seqs == 3
     off = await client.post("/set_internal_state", json={"server_args": {"max_num_seqs": 2}})
-    assert off.status_code == 404 and engine.max_num_seqs == 3
+    assert off.status_code == 404 and engine.control.max_num_seqs == 3
     engine.data_parallel_size = 2
     five = {"server_args": {"max_num_seqs": 5}}
     response = await control.post("/set_internal_state", json=five, headers=AUTH)
@@ -108,10 +108,10 @@ async def test_health_generate(engine: FakeEngine) -> None:
         client = test_app.test_client()
         assert (await client.get("/health_generate")).status_code == 200
         assert engine.requests[-1][1].max_tokens == 1
-        engine.paused = "keep"
+        engine.control.paused = "keep"
         paused = await client.get("/health_generate")
         assert paused.status_code == 503 and "paused" in (await paused.get_data(as_text=True))
-        engine.paused = None
+        engine.control.paused = None
         engine.step = trio.Event()  # outputs never come
         assert (await client.get("/health_generate")).status_code == 503
 
@@ -184,4 +184,4 @@ async def test_every_new_route_needs_the_api_key(
 ) -> None:
     response = await control.open(path, method=method, data=b"{}")
     assert response.status_code == 401
-    assert engine.updates == [] and engine.sessions == set() and engine.requests == []
+    assert engine.control.updates == [] and engine.sessions == set() and engine.requests == []

@@ -35,7 +35,7 @@ async def test_a_safetensors_body_reaches_the_engine_as_a_file(
         "success": True,
         "message": "Succeeded to update model weights.",
     }
-    assert engine.updates == [("tensor:st", {"weight_version": "v7", "flush_cache": False})]
+    assert engine.control.updates == [("tensor:st", {"weight_version": "v7", "flush_cache": False})]
     failed = await control.post("/update_weights_from_tensor", data=b"bad", headers=OCTETS)
     assert failed.status_code == 400 and (await failed.get_json())["success"] is False
 
@@ -46,7 +46,7 @@ async def test_a_body_over_the_json_limit_is_taken(
     big = b"x" * (33 * 2**20)  # over MAX_CONTENT_LENGTH, which still holds elsewhere
     response = await control.post("/update_weights_from_tensor", data=big, headers=OCTETS)
     assert response.status_code == 200
-    assert len(engine.updates[0][0]) == len("tensor:") + len(big)
+    assert len(engine.control.updates[0][0]) == len("tensor:") + len(big)
     elsewhere = await control.post("/update_weights_from_disk", data=big)
     assert elsewhere.status_code == 413
 
@@ -64,7 +64,7 @@ async def test_bad_tensor_updates_are_400s(
     response = await control.post("/update_weights_from_tensor", **kwargs)
     assert response.status_code == 400
     assert words in (await response.get_json())["error"]["message"]
-    assert engine.updates == []
+    assert engine.control.updates == []
 
 
 async def test_group_routes_pass_sglangs_shapes(control: QuartClient, engine: FakeEngine) -> None:
@@ -76,7 +76,7 @@ async def test_group_routes_pass_sglangs_shapes(control: QuartClient, engine: Fa
     assert response.status_code == 200
     response = await control.post("/destroy_weights_update_group", json={"group_name": "g"})
     assert response.status_code == 400 and (await response.get_json())["success"] is False
-    assert engine.updates == [
+    assert engine.control.updates == [
         ("init", {"args": ("10.0.0.1", 29500, 1, 2, "weight_update_group", None)}),
         (
             "distributed",
@@ -117,9 +117,9 @@ async def test_bad_group_requests_are_400s(
     error = (await response.get_json())["error"]
     assert response.status_code == 400 and error["param"] == param, error
     if path == "/init_weights_update_group":
-        assert engine.updates == []
+        assert engine.control.updates == []
     else:  # the trainer broadcasts anyway: the group is left, not left out of step
-        assert engine.updates == [("destroy", {"group_name": "weight_update_group"})]
+        assert engine.control.updates == [("destroy", {"group_name": "weight_update_group"})]
         assert "was left: init it again" in error["message"]
 
 
@@ -129,7 +129,7 @@ async def test_a_refused_update_leaves_the_group_it_names(
     body = SPECS | {"group_name": "g7", "names": ["a", "b"]}
     response = await control.post("/update_weights_from_distributed", json=body)
     assert response.status_code == 400
-    assert engine.updates == [("destroy", {"group_name": "g7"})]
+    assert engine.control.updates == [("destroy", {"group_name": "g7"})]
 
 
 async def test_the_routes_are_off_unless_enabled(client: QuartClient) -> None:

@@ -85,5 +85,5 @@ def test_kv_pool_smaller_than_the_context_is_refused(llama_dir: Path) -> None:
 
 def test_tied_embeddings_share_one_tensor(model_dirs: dict[str, Path]) -> None:
     runner = ModelRunner(EngineConfig(model=str(model_dirs["qwen2"]), mode="inproc"))
-    model = runner.model
+    model = runner.weights.model
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()

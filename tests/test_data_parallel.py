@@ -87,22 +87,22 @@ async def test_steering_samples_and_sessions_across_groups(llama_dir: Path, tmp_
             assert sorted(moved) == [0, 4], moved
         engine.close_session(sid)
 
-        await engine.pause("keep")
-        await engine.resume()
-        await engine.set_internal_state({"max_num_seqs": 3})
+        await engine.control.pause("keep")
+        await engine.control.resume()
+        await engine.control.set_internal_state({"max_num_seqs": 3})
         stats = await engine.fetch_statistics()
         assert [r.scheduler.max_num_seqs for r in stats.ranks] == [3, 3]
         assert engine.server_info()["max_num_seqs"] == 3
-        await engine.flush_cache()
-        success, message, _ = await engine.update_weights_from_disk(str(llama_dir))
+        await engine.control.flush_cache()
+        success, message, _ = await engine.control.update_weights_from_disk(str(llama_dir))
         assert success, message
-        values = await engine.get_weights_by_name("model.norm.weight", 4)
+        values = await engine.control.get_weights_by_name("model.norm.weight", 4)
         assert len(values) == 4
         with pytest.raises(ValueError, match="no parameter"):
-            await engine.get_weights_by_name("nope", 4)
-        await engine.start_profile(str(tmp_path))
+            await engine.control.get_weights_by_name("nope", 4)
+        await engine.control.start_profile(str(tmp_path))
         await collect_all(engine, [[3] * 30, [4] * 30], SamplingParams(max_tokens=3))
-        await engine.stop_profile()
+        await engine.control.stop_profile()
         await engine.check_health()
     names = file_names(tmp_path)
     # the workers share this process, and its one torch profile: the first to start it

@@ -13,13 +13,17 @@ import trio
 
 from runtime.config.sampling import SamplingParams
 from runtime.frontend.data_parallel import DataParallelChannel, GroupsDivergedError
-from runtime.wire.messages import (
-    AddRequest,
+from runtime.wire.control import (
+    Control,
     ControlDone,
-    EngineReady,
     FlushCache,
     GetWeights,
     JoinWeightGroup,
+    UpdateWeights,
+)
+from runtime.wire.messages import (
+    AddRequest,
+    EngineReady,
     OpenSession,
     Ping,
     Pong,
@@ -27,8 +31,6 @@ from runtime.wire.messages import (
     SchedulerStats,
     StepOutputs,
     Submit,
-    UpdateWeights,
-    WeightValues,
     WorkerReady,
     WorkerStats,
 )
@@ -122,11 +124,11 @@ async def test_pings_go_to_every_group_and_come_back_as_one_sum() -> None:
 
 async def test_control_errors_are_named_by_rank_unless_every_group_gave_the_same() -> None:
     async with two_groups() as (channel, groups):
-        await channel.send(FlushCache(1, False))
+        await channel.send(Control(1, FlushCache(False)))
         groups[0].answer(ControlDone(1, "2 requests are open"))
         groups[1].answer(ControlDone(1, ""))
         assert await channel.recv() == ControlDone(1, "dp_rank 0: 2 requests are open")
-        await channel.send(FlushCache(2, False))
+        await channel.send(Control(2, FlushCache(False)))
         for group in groups:
             group.answer(ControlDone(2, "no"))
         assert await channel.recv() == ControlDone(2, "no")
@@ -134,7 +136,7 @@ async def test_control_errors_are_named_by_rank_unless_every_group_gave_the_same
 
 async def test_a_weight_update_that_fails_in_one_group_only_is_fatal() -> None:
     async with two_groups() as (channel, groups):
-        await channel.send(UpdateWeights(3, "/new"))
+        await channel.send(Control(3, UpdateWeights("/new")))
         groups[0].answer(ControlDone(3, ""))
         groups[1].answer(ControlDone(3, "disk full"))
         with pytest.raises(GroupsDivergedError, match="dp_rank 1: disk full"):
@@ -143,9 +145,9 @@ async def test_a_weight_update_that_fails_in_one_group_only_is_fatal() -> None:
 
 async def test_trainer_ranks_and_weight_reads() -> None:
     async with two_groups() as (channel, groups):
-        await channel.send(JoinWeightGroup(4, "g", "127.0.0.1", 1234, 1, 3, "gloo"))
-        assert [g.sent[0].rank_offset for g in groups] == [1, 2]  # type: ignore[attr-defined]
-        await channel.send(GetWeights(5, "w", 3))
-        assert groups[1].sent[-1] != GetWeights(5, "w", 3)
-        groups[0].answer(WeightValues(5, "", (1.0, 2.0, 3.0)))
-        assert await channel.recv() == WeightValues(5, "", (1.0, 2.0, 3.0))
+        await channel.send(Control(4, JoinWeightGroup("g", "127.0.0.1", 1234, 1, 3, "gloo")))
+        assert [g.sent[0].op.rank_offset for g in groups] == [1, 2]  # type: ignore[attr-defined]
+        await channel.send(Control(5, GetWeights("w", 3)))
+        assert groups[1].sent[-1] != Control(5, GetWeights("w", 3))
+        groups[0].answer(ControlDone(5, "", (1.0, 2.0, 3.0)))
+        assert await channel.recv() == ControlDone(5, "", (1.0, 2.0, 3.0))

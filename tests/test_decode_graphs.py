@@ -67,7 +67,7 @@ def metadata(runner: ModelRunner, slots: torch.Tensor, tables: torch.Tensor, len
 def test_a_padded_step_computes_what_the_step_computes(
     runner: ModelRunner, lens: list[int]
 ) -> None:
-    assert runner.model is not None and runner.kernels is not None
+    assert runner.weights.model is not None and runner.kernels is not None
     gen = torch.Generator().manual_seed(7)
     cache = torch.randn(runner.kv_caches.shape, generator=gen).to(DEVICE)
     ids, positions, slots, tables, context = decode_step(runner, lens)
@@ -75,8 +75,8 @@ def test_a_padded_step_computes_what_the_step_computes(
     eager_cache, original = cache.clone(), cache.clone()
     with torch.inference_mode():
         rows = torch.arange(len(lens), device=DEVICE)
-        expected = runner.model(ids, positions, eager_cache, meta, rows)
-        graphs = DecodeGraphs(runner.model, cache, runner.kernels, max_batch=8, max_width=8)
+        expected = runner.weights.model(ids, positions, eager_cache, meta, rows)
+        graphs = DecodeGraphs(runner.weights.model, cache, runner.kernels, max_batch=8, max_width=8)
         assert graphs.fits(meta, num_sampled=len(lens), scores_prompts=False)
         if DEVICE.type == "cuda":
             graphs.capture()
@@ -94,8 +94,10 @@ def test_a_padded_step_computes_what_the_step_computes(
 
 
 def test_only_pure_decode_steps_that_fit_take_the_graphs(runner: ModelRunner) -> None:
-    assert runner.model is not None and runner.kernels is not None
-    graphs = DecodeGraphs(runner.model, runner.kv_caches, runner.kernels, max_batch=4, max_width=2)
+    assert runner.weights.model is not None and runner.kernels is not None
+    graphs = DecodeGraphs(
+        runner.weights.model, runner.kv_caches, runner.kernels, max_batch=4, max_width=2
+    )
     _, _, slots, tables, lens = decode_step(runner, [20, 3])
     assert graphs.fits(metadata(runner, slots, tables, lens), num_sampled=2, scores_prompts=False)
     # a one-token prompt chunk: a decode row that does not sample, or that scores its prompt

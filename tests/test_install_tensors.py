@@ -22,9 +22,9 @@ def runner_for(model_dir: Path) -> ModelRunner:
 
 def linear_outputs(runner: ModelRunner) -> dict[str, torch.Tensor]:
     """Every linear layer's output for one fixed input: what the packed weights compute."""
-    assert runner.model is not None
+    assert runner.weights.model is not None
     outputs = {}
-    for name, module in runner.model.named_modules():
+    for name, module in runner.weights.model.named_modules():
         if isinstance(module, Linear):
             x = torch.ones(2, module.in_features, dtype=torch.bfloat16)
             outputs[name] = module(x)
@@ -34,7 +34,7 @@ def linear_outputs(runner: ModelRunner) -> dict[str, torch.Tensor]:
 def test_installed_weights_serve_as_a_fresh_load(llama_dir: Path, tmp_path: Path) -> None:
     other = make_tiny_model(tmp_path / "seed3", "llama", seed=3)
     runner, fresh = runner_for(llama_dir), runner_for(other)
-    assert runner.install_file(str(other / "model.safetensors")) == ""
+    assert runner.weights.install_file(str(other / "model.safetensors")) == ""
     expected = linear_outputs(fresh)
     for name, output in linear_outputs(runner).items():
         torch.testing.assert_close(output, expected[name], rtol=0, atol=0, msg=name)
@@ -42,8 +42,8 @@ def test_installed_weights_serve_as_a_fresh_load(llama_dir: Path, tmp_path: Path
 
 def test_nothing_changes_unless_every_tensor_fits(llama_dir: Path, tmp_path: Path) -> None:
     runner = runner_for(llama_dir)
-    assert runner.model is not None
-    before = {n: p.clone() for n, p in runner.model.named_parameters()}
+    assert runner.weights.model is not None
+    before = {n: p.clone() for n, p in runner.weights.model.named_parameters()}
     other = load_file(
         str(make_tiny_model(tmp_path / "seed4", "llama", seed=4) / "model.safetensors")
     )
@@ -56,7 +56,7 @@ def test_nothing_changes_unless_every_tensor_fits(llama_dir: Path, tmp_path: Pat
         "same weights ": [  # our fused tensor and one of its checkpoint slices
             (
                 "model.layers.0.self_attn.qkv_proj.weight",
-                runner.model.get_parameter("model.layers.0.self_attn.qkv_proj.weight")
+                runner.weights.model.get_parameter("model.layers.0.self_attn.qkv_proj.weight")
                 .detach()
                 .clone(),
             ),
@@ -65,17 +65,17 @@ def test_nothing_changes_unless_every_tensor_fits(llama_dir: Path, tmp_path: Pat
     }
     for words, tensors in cases.items():
         with pytest.raises(CheckpointError, match=words.strip()):
-            install_tensors(runner.model, tensors)
-        assert runner.install_tensors(tensors) != ""
-    for name, param in runner.model.named_parameters():
+            install_tensors(runner.weights.model, tensors)
+        assert runner.weights.install(tensors) != ""
+    for name, param in runner.weights.model.named_parameters():
         assert torch.equal(param, before[name]), name
 
 
 def test_a_tied_lm_head_follows_the_embedding(model_dirs: dict[str, Path]) -> None:
     runner = runner_for(model_dirs["qwen2"])
-    assert runner.model is not None
-    embedding = runner.model.get_parameter("model.embed_tokens.weight")
+    assert runner.weights.model is not None
+    embedding = runner.weights.model.get_parameter("model.embed_tokens.weight")
     new = torch.randn(embedding.shape).to(embedding.dtype)
     tensors = [("model.embed_tokens.weight", new), ("lm_head.weight", torch.zeros_like(new))]
-    assert install_tensors(runner.model, tensors) == 1  # the tied head is the embedding
-    assert torch.equal(runner.model.get_parameter("lm_head.weight"), new)
+    assert install_tensors(runner.weights.model, tensors) == 1  # the tied head is the embedding
+    assert torch.equal(runner.weights.model.get_parameter("lm_head.weight"), new)

@@ -6,40 +6,42 @@ import pytest
 from runtime.config.sampling import SamplingParams
 from runtime.tracing import ProfileRequest
 from runtime.wire.codec import _TAG_OF, WireError, decode, encode
-from runtime.wire.messages import (
-    AddRequest,
+from runtime.wire.control import (
     Configure,
+    Control,
     ControlDone,
-    EngineReady,
     FlushCache,
     GetWeights,
     JoinWeightGroup,
     LeaveWeightGroup,
+    Pause,
+    ReleaseMemory,
+    Resume,
+    ResumeMemory,
+    StartProfile,
+    StopProfile,
+    UpdateWeights,
+    UpdateWeightsFromFile,
+    UpdateWeightsFromGroup,
+)
+from runtime.wire.messages import (
+    AddRequest,
+    EngineReady,
     Logprobs,
     NewSeq,
     OpenSession,
-    Pause,
     Ping,
     Pong,
     Probe,
     Rejected,
-    ReleaseMemory,
     ReleaseTurns,
-    Resume,
-    ResumeMemory,
     SchedulerStats,
     ShardStep,
-    StartProfile,
     StepOutputs,
     StepPlan,
     StepResult,
-    StopProfile,
     StopShards,
     Submit,
-    UpdateWeights,
-    UpdateWeightsFromFile,
-    UpdateWeightsFromGroup,
-    WeightValues,
     WorkerReady,
     WorkerStats,
 )
@@ -99,25 +101,28 @@ EXAMPLES = [
         include_stop_str_in_output=True,
     ),
     AddRequest("\ud800", (1,), 1, SamplingParams(stop=("\udfff",))),  # lone surrogates from JSON
-    Pause(5, "keep"),
-    Resume(6),
-    FlushCache(7, True),
-    UpdateWeights(8, "/path/to/checkpoint"),
-    JoinWeightGroup(12, "trainer", "127.0.0.1", 29500, 1, 2, "gloo"),
-    UpdateWeightsFromGroup(13, "trainer", ("a", "b"), ("bfloat16", "float32"), ((2, 3), ())),
-    LeaveWeightGroup(14, "trainer"),
-    Configure(16, 64),
+    Pause("keep"),
+    Resume(),
+    Control(6, Resume()),
+    FlushCache(True),
+    UpdateWeights("/path/to/checkpoint"),
+    Control(8, UpdateWeights("/path/to/checkpoint")),
+    JoinWeightGroup("trainer", "127.0.0.1", 29500, 1, 2, "gloo"),
+    UpdateWeightsFromGroup("trainer", ("a", "b"), ("bfloat16", "float32"), ((2, 3), ())),
+    LeaveWeightGroup("trainer"),
+    Configure(64),
     OpenSession("s1"),
     ReleaseTurns("s1", ("3", "4"), False),
-    StartProfile(17, ProfileRequest("/tmp/traces", 5, ("CPU",), True, False)),
+    StartProfile(ProfileRequest("/tmp/traces", 5, ("CPU",), True, False)),
+    Control(17, StartProfile(ProfileRequest("/tmp/traces", 5, ("CPU",), True, False))),
     ProfileRequest("/tmp/t", 0, ("CPU", "GPU"), False, True),
-    StopProfile(18),
-    UpdateWeightsFromFile(15, "/tmp/weights.safetensors"),
-    GetWeights(9, "model.embed_tokens.weight", 100),
-    WeightValues(9, "", (0.5, -1.25)),
-    WeightValues(10, "the model has no parameter 'x'", ()),
-    ReleaseMemory(11, ("kv_cache", "weights")),
-    ResumeMemory(12, ("weights",)),
+    StopProfile(),
+    UpdateWeightsFromFile("/tmp/weights.safetensors"),
+    GetWeights("model.embed_tokens.weight", 100),
+    ControlDone(9, "", (0.5, -1.25)),
+    ControlDone(10, "the model has no parameter 'x'"),
+    ReleaseMemory(("kv_cache", "weights")),
+    ResumeMemory(("weights",)),
     ControlDone(5, ""),
     ShardStep(StepPlan(9, (), (1,), (1,), (), (), (), False), (1, 2), (7, 8), (0, 3)),
     StopShards(),
@@ -156,6 +161,9 @@ def test_round_trip(msg: object) -> None:
         (msgpack.packb([1, 0, 1.0, 0, 1.0, 0.0, None, False, [], [], *NEW]), "max_tokens must be"),
         (msgpack.packb([1, None, "hot", 0, 1.0, 0.0, None, False, [], [], *NEW]), "temperature: e"),
         (msgpack.packb([3, [], "abc"]), "Submit.aborts: expected a list"),
+        (msgpack.packb([52, 1, [4, 1]]), "Control.op: expected a ControlOp, got list"),
+        (msgpack.packb([52, 1, [999]]), "Control.op: expected a ControlOp"),
+        (msgpack.packb([52, 1, [30, 7]]), "Pause.mode: expected str, got int"),
     ],
 )
 def test_malformed_input_is_rejected_with_a_clear_error(wire: bytes, error: str) -> None:
@@ -166,3 +174,11 @@ def test_malformed_input_is_rejected_with_a_clear_error(wire: bytes, error: str)
 def test_unregistered_objects_cannot_be_encoded() -> None:
     with pytest.raises(TypeError, match="not a registered message"):
         encode(Ping(object()))  # type: ignore[arg-type]
+
+
+def test_a_control_op_declares_its_route() -> None:
+    """Relays forward by what an op's class declares, never by its name."""
+    join = JoinWeightGroup("trainer", "127.0.0.1", 29500, 1, 4, "gloo")
+    assert join.for_group(2) == JoinWeightGroup("trainer", "127.0.0.1", 29500, 3, 4, "gloo")
+    assert Pause("keep").for_group(1) == Pause("keep")
+    assert UpdateWeights("/x").changes_weights and not GetWeights("w", 1).changes_weights

@@ -64,8 +64,8 @@ async def test_keep_freezes_then_continues_with_the_same_tokens(
 ) -> None:
     async with fake_engine(llama_dir, depth) as engine, trio.open_nursery() as nursery:
         run = await started(nursery, Run(engine, PROMPT))
-        await engine.pause("keep")
-        assert engine.is_paused
+        await engine.control.pause("keep")
+        assert engine.control.is_paused
         frozen = len(run.token_ids)
         late = Run(engine, [9, 9])
         nursery.start_soon(late.consume)
@@ -73,12 +73,12 @@ async def test_keep_freezes_then_continues_with_the_same_tokens(
         assert len(run.token_ids) == frozen and not late.outputs
         stats = (await engine.fetch_statistics()).scheduler
         assert stats.num_running == 1 and stats.num_free_blocks < NUM_BLOCKS  # KV kept
-        await engine.resume()
+        await engine.control.resume()
         await run.done.wait()
         await late.done.wait()
         assert run.token_ids == expected_output(PROMPT, 40)
         assert late.token_ids == expected_output([9, 9], 40)
-        assert not engine.is_paused
+        assert not engine.control.is_paused
         await at_rest(engine)
 
 
@@ -91,7 +91,7 @@ async def test_abort_ends_everything_with_its_partial_output(
         nursery.start_soon(waiting.consume)
         while engine.statistics().frontend.num_requests_open < 4:  # it is in the engine
             await trio.lowlevel.checkpoint()
-        await engine.pause("abort")
+        await engine.control.pause("abort")
         stats = (await engine.fetch_statistics()).scheduler
         assert (stats.num_running, stats.num_waiting) == (0, 0)
         assert stats.num_free_blocks == NUM_BLOCKS  # freed before pause returned
@@ -105,7 +105,7 @@ async def test_abort_ends_everything_with_its_partial_output(
         nursery.start_soon(after.consume)
         await trio.sleep(30)
         assert not after.outputs
-        await engine.resume()
+        await engine.control.resume()
         await after.done.wait()
         assert after.token_ids == expected_output(PROMPT, 40)
         await at_rest(engine)
@@ -119,11 +119,11 @@ async def test_wait_lets_open_requests_finish_and_holds_new_ones(
         pausing = trio.Event()
 
         async def pause() -> None:
-            await engine.pause("wait")
+            await engine.control.pause("wait")
             pausing.set()
 
         nursery.start_soon(pause)
-        while not engine.is_paused:  # the pause has begun
+        while not engine.control.is_paused:  # the pause has begun
             await trio.lowlevel.checkpoint()
         late = Run(engine, [9, 9])
         nursery.start_soon(late.consume)
@@ -132,7 +132,7 @@ async def test_wait_lets_open_requests_finish_and_holds_new_ones(
         assert run.token_ids == expected_output(PROMPT, 40)
         await trio.sleep(30)
         assert not late.outputs
-        await engine.resume()
+        await engine.control.resume()
         await late.done.wait()
         assert late.token_ids == expected_output([9, 9], 40)
 
@@ -141,10 +141,10 @@ async def test_a_request_that_leaves_while_queued_is_aborted_cleanly(
     llama_dir: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with fake_engine(llama_dir, 2) as engine, trio.open_nursery() as nursery:
-        await engine.pause("keep")
+        await engine.control.pause("keep")
         with trio.move_on_after(5):
             await Run(engine, PROMPT).consume()  # cancelled while held
-        await engine.resume()
+        await engine.control.resume()
         await at_rest(engine)
         assert engine.statistics().frontend.num_requests_open == 0
         nursery.cancel_scope.cancel()
@@ -152,16 +152,16 @@ async def test_a_request_that_leaves_while_queued_is_aborted_cleanly(
 
 async def test_misuse_is_a_clear_error(llama_dir: Path) -> None:
     async with fake_engine(llama_dir, 2) as engine:
-        await engine.resume()  # not paused: a no-op
+        await engine.control.resume()  # not paused: a no-op
         with pytest.raises(ValueError, match="mode must be one of abort, wait, keep"):
-            await engine.pause("sleep")
-        assert not engine.is_paused
-        await engine.pause("keep")
+            await engine.control.pause("sleep")
+        assert not engine.control.is_paused
+        await engine.control.pause("keep")
         with pytest.raises(ValueError, match="already paused"):
-            await engine.pause("abort")
-        await engine.resume()
-        await engine.resume()
-        assert not engine.is_paused
+            await engine.control.pause("abort")
+        await engine.control.resume()
+        await engine.control.resume()
+        assert not engine.control.is_paused
 
 
 async def test_flush_cache_is_refused_while_requests_are_open(
@@ -173,17 +173,17 @@ async def test_flush_cache_is_refused_while_requests_are_open(
         second = Run(engine, PROMPT)  # the same prompt: its prefix is cached
         await second.consume()
         assert second.outputs[-1].num_cached_tokens > 0 or len(PROMPT) < 5
-        await engine.pause("keep")
+        await engine.control.pause("keep")
         held = Run(engine, PROMPT)
         nursery.start_soon(held.consume)
         while engine.statistics().frontend.num_requests_open < 1:
             await trio.lowlevel.checkpoint()
         await engine.fetch_statistics()  # the held request reached the scheduler
         with pytest.raises(ValueError, match="0 running, 0 waiting, 1 held by a pause"):
-            await engine.flush_cache()
-        await engine.resume()
+            await engine.control.flush_cache()
+        await engine.control.resume()
         await held.done.wait()
-        await engine.flush_cache()
+        await engine.control.flush_cache()
         await at_rest(engine)
 
 
@@ -196,11 +196,13 @@ async def test_an_update_lets_open_requests_finish_then_serves_the_new_weights(
         updated = trio.Event()
 
         async def update() -> None:
-            answers.append(await engine.update_weights_from_disk("new", weight_version="v2"))
+            answers.append(
+                await engine.control.update_weights_from_disk("new", weight_version="v2")
+            )
             updated.set()
 
         nursery.start_soon(update)
-        while not engine.is_paused:  # the update has begun: it pauses first
+        while not engine.control.is_paused:  # the update has begun: it pauses first
             await trio.lowlevel.checkpoint()
         new = Run(engine, [9, 9])  # arrives during the update: waits for it
         await new.consume()
@@ -209,7 +211,7 @@ async def test_an_update_lets_open_requests_finish_then_serves_the_new_weights(
         assert old.token_ids == expected_output(PROMPT, 40)  # finished on the old weights
         assert new.token_ids == expected_output([9, 9], 40, weights=1)
         assert engine.model_card.weight_version == "v2" and engine.model_card.path == "new"
-        assert not engine.is_paused
+        assert not engine.control.is_paused
         await at_rest(engine)
 
 
@@ -217,12 +219,14 @@ async def test_a_failed_update_changes_nothing(
     llama_dir: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with fake_engine(llama_dir, 2) as engine:
-        success, message, _ = await engine.update_weights_from_disk("bad", weight_version="v2")
+        success, message, _ = await engine.control.update_weights_from_disk(
+            "bad", weight_version="v2"
+        )
         assert not success and "no such checkpoint" in message
         run = Run(engine, PROMPT)
         await run.consume()
         assert run.token_ids == expected_output(PROMPT, 40)
-        assert engine.model_card.weight_version == "default" and not engine.is_paused
+        assert engine.model_card.weight_version == "default" and not engine.control.is_paused
 
 
 async def test_an_update_while_paused_proceeds_at_once_and_stays_paused(
@@ -230,11 +234,11 @@ async def test_an_update_while_paused_proceeds_at_once_and_stays_paused(
 ) -> None:
     async with fake_engine(llama_dir, 2) as engine, trio.open_nursery() as nursery:
         run = await started(nursery, Run(engine, PROMPT))
-        await engine.pause("keep")
+        await engine.control.pause("keep")
         done = len(run.token_ids)
-        assert (await engine.update_weights_from_disk("new"))[0]
-        assert engine.is_paused
-        await engine.resume()
+        assert (await engine.control.update_weights_from_disk("new"))[0]
+        assert engine.control.is_paused
+        await engine.control.resume()
         await run.done.wait()
         assert run.token_ids[:done] == expected_output(PROMPT, 40)[:done]
         assert run.token_ids != expected_output(PROMPT, 40)  # the rest: the new weights
@@ -245,16 +249,16 @@ async def test_a_resume_during_a_memory_release_waits_for_it_then_is_refused(
 ) -> None:
     """Found by review: the resume used to slip in and let steps run without their memory."""
     async with fake_engine(llama_dir, 2) as engine, trio.open_nursery() as nursery:
-        nursery.start_soon(engine.release_memory_occupation, None)
-        while not engine.is_paused:  # the release has begun
+        nursery.start_soon(engine.control.release_memory_occupation, None)
+        while not engine.control.is_paused:  # the release has begun
             await trio.lowlevel.checkpoint()
         with pytest.raises(ValueError, match="resume_memory_occupation first"):
-            await engine.resume()
-        assert engine.is_sleeping and engine.is_paused
+            await engine.control.resume()
+        assert engine.control.is_sleeping and engine.control.is_paused
         run = Run(engine, PROMPT)
         nursery.start_soon(run.consume)
         await trio.sleep(30)
         assert not run.outputs  # held while the memory is away
-        await engine.resume_memory_occupation()
+        await engine.control.resume_memory_occupation()
         await run.done.wait()
-        assert run.token_ids == expected_output(PROMPT, 40) and not engine.is_paused
+        assert run.token_ids == expected_output(PROMPT, 40) and not engine.control.is_paused

@@ -112,7 +112,7 @@ async def test_an_idle_session_times_out(engine: Engine) -> None:
     sid = engine.open_session(4096, timeout=0.5)
     await turn(engine, FIRST, SessionParams(sid), "t1")
     with trio.fail_after(10):
-        while sid in engine.sessions._sessions:  # noqa: ASYNC110 (the reaper's own clock)
+        while sid in engine.sessions.book._sessions:  # noqa: ASYNC110 (the reaper's own clock)
             await trio.sleep(0.05)
     await engine.fetch_statistics()
     stats = engine.statistics().scheduler
@@ -158,7 +158,7 @@ async def test_a_session_reopened_under_its_id_shares_nothing(engine: Engine) ->
     long = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
     outputs = engine.generate(FIRST, long, rid="old", session=SessionParams("chat"))
     async for out in outputs:
-        if out.token_ids and "old" in engine.sessions.get("chat").running:
+        if out.token_ids and "old" in engine.sessions.book.get("chat").running:
             engine.close_session("chat")
             engine.open_session(4096, session_id="chat")
     new = await turn(engine, [9], SessionParams("chat"), "new")

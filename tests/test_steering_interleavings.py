@@ -71,12 +71,12 @@ async def run_program(model: Path, program: list, depth: int) -> None:
                         nursery.start_soon(steer, engine, op)
                     await trio.lowlevel.checkpoint()
                 await trio.sleep(BOUND / 10)  # let the program's calls play out
-                await engine.resume_memory_occupation()  # then wake everything up
+                await engine.control.resume_memory_occupation()  # then wake everything up
                 await steer(engine, ("resume",))
         num_started = sum(op[0] == "start" for op in program)
         assert len(ended) == num_started  # every request ended, once
         assert all(reason in (None, "stop", "length", "abort") for reason in ended)
-        assert not engine.is_paused and not engine.is_sleeping
+        assert not engine.control.is_paused and not engine.control.is_sleeping
         stats = (await engine.fetch_statistics()).scheduler
         assert (stats.num_running, stats.num_waiting) == (0, 0)
         assert stats.num_free_blocks == NUM_BLOCKS
@@ -102,12 +102,12 @@ async def request(engine: Engine, op: tuple, ended: list[str | None]) -> None:
 
 async def steer(engine: Engine, op: tuple) -> None:
     calls = {
-        "pause": lambda: engine.pause(op[1]),
-        "resume": engine.resume,
-        "update": lambda: engine.update_weights_from_disk(op[1]),
-        "flush": engine.flush_cache,
-        "release": lambda: engine.release_memory_occupation(op[1]),
-        "resume_memory": engine.resume_memory_occupation,
+        "pause": lambda: engine.control.pause(op[1]),
+        "resume": engine.control.resume,
+        "update": lambda: engine.control.update_weights_from_disk(op[1]),
+        "flush": engine.control.flush_cache,
+        "release": lambda: engine.control.release_memory_occupation(op[1]),
+        "resume_memory": engine.control.resume_memory_occupation,
         "abort_all": functools.partial(_abort_all, engine),
     }
     with contextlib.suppress(ValueError):  # the engine's state forbade it, and said so

@@ -4,7 +4,7 @@ observed by the request handlers."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -65,70 +65,8 @@ class _EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         stats = self._engine.statistics()  # the latest snapshot: a scrape never waits
-        ranks = stats.per_rank()
-        gauge, counter = GaugeMetricFamily, CounterMetricFamily
-        for family, name, documentation, value in (
-            (gauge, "num_requests_running", "Sequences in the running batch.", _running),
-            (gauge, "num_requests_waiting", "Sequences waiting to be scheduled.", _waiting),
-            (
-                gauge,
-                "kv_cache_usage_perc",
-                "Fraction of KV cache blocks in use (0 to 1).",
-                _kv_cache_usage,
-            ),
-            (counter, "prompt_tokens", "Prompt tokens submitted.", _prompt_tokens),
-            (counter, "generation_tokens", "Tokens generated.", _generated),
-            (counter, "num_preemptions", "Sequences preempted.", _preemptions),
-            (
-                counter,
-                "prefix_cache_hit_tokens",
-                "Prompt tokens served from the prefix cache.",
-                _cache_hits,
-            ),
-        ):
-            metric = family(f"runtime:{name}", documentation, labels=["dp_rank"])
-            for rank in ranks:
-                metric.add_metric([str(rank.dp_rank)], value(rank))
-            yield metric
+        yield from _per_rank("runtime", _ENGINE_FIGURES, stats.per_rank(), ["dp_rank"])
         yield from _time_split(stats)
-
-
-def _running(rank: RankStats) -> float:
-    return rank.scheduler.num_running
-
-
-def _waiting(rank: RankStats) -> float:
-    return rank.scheduler.num_waiting
-
-
-def _waiting_or_held(rank: RankStats) -> float:
-    return rank.scheduler.num_waiting + rank.scheduler.num_held
-
-
-def _kv_cache_usage(rank: RankStats) -> float:
-    s = rank.scheduler
-    return (
-        (s.num_total_blocks - s.num_free_blocks) / s.num_total_blocks if s.num_total_blocks else 0.0
-    )
-
-
-def _prompt_tokens(rank: RankStats) -> float:
-    return rank.prompt_tokens_total
-
-
-def _generated(rank: RankStats) -> float:
-    return rank.scheduler.num_generated_tokens
-
-
-def _preemptions(rank: RankStats) -> float:
-    return rank.scheduler.num_preemptions
-
-
-def _cache_hits(rank: RankStats) -> float:
-    return rank.scheduler.num_cached_tokens
-
-
-_CACHE_CONFIG = ("block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching")
 
 
 class _VLLMCollector(Collector):
@@ -142,43 +80,11 @@ class _VLLMCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         ranks = self._engine.statistics().per_rank()
-        for family, name, documentation, value in (
-            (GaugeMetricFamily, "num_requests_running", "Requests running.", _running),
-            (GaugeMetricFamily, "num_requests_waiting", "Requests waiting.", _waiting_or_held),
-            (
-                GaugeMetricFamily,
-                "kv_cache_usage_perc",
-                "KV-cache usage; 1 means 100 percent.",
-                _kv_cache_usage,
-            ),
-            (
-                CounterMetricFamily,
-                "prefix_cache_queries",
-                "Prefix cache queries, in tokens.",
-                _prompt_tokens,
-            ),
-            (
-                CounterMetricFamily,
-                "prefix_cache_hits",
-                "Prefix cache hits, in tokens.",
-                _cache_hits,
-            ),
-        ):
-            metric = family(f"vllm:{name}", documentation, labels=["engine", "model_name"])
-            for rank in ranks:
-                metric.add_metric([str(rank.dp_rank), self._model_name], value(rank))
-            yield metric
+        labels = ["engine", "model_name"]
+        yield from _per_rank("vllm", _VLLM_FIGURES, ranks, labels, self._model_name)
         info = self._engine.server_info()
         cache = GaugeMetricFamily(
-            "vllm:cache_config_info",
-            "Information of the KV cache.",
-            labels=[
-                "block_size",
-                "num_gpu_blocks",
-                "cache_dtype",
-                "enable_prefix_caching",
-                "engine",
-            ],
+            "vllm:cache_config_info", "Information of the KV cache.", labels=[*_CACHE, "engine"]
         )
         for rank in ranks:
             values = (
@@ -190,6 +96,59 @@ class _VLLMCollector(Collector):
             )
             cache.add_metric([str(v) for v in values], 1)
         yield cache
+
+
+Family = type[GaugeMetricFamily] | type[CounterMetricFamily]
+Figure = tuple[Family, str, str, Callable[[RankStats], float]]  # family, name, doc, value
+
+
+def _per_rank(
+    prefix: str, figures: tuple[Figure, ...], ranks: tuple[RankStats, ...], labels: list[str],
+    *more_labels: str,
+) -> Iterator[Metric]:  # fmt: skip
+    """One metric per figure, one sample per data-parallel group (its rank, the first label)."""
+    for family, name, documentation, value in figures:
+        metric = family(f"{prefix}:{name}", documentation, labels=labels)
+        for rank in ranks:
+            metric.add_metric([str(rank.dp_rank), *more_labels], value(rank))
+        yield metric
+
+
+def _kv_cache_usage(rank: RankStats) -> float:
+    s = rank.scheduler
+    used = s.num_total_blocks - s.num_free_blocks
+    return used / s.num_total_blocks if s.num_total_blocks else 0.0
+
+
+_ENGINE_FIGURES: tuple[Figure, ...] = (
+    (GaugeMetricFamily, "num_requests_running", "Sequences in the running batch.",
+     lambda r: r.scheduler.num_running),
+    (GaugeMetricFamily, "num_requests_waiting", "Sequences waiting to be scheduled.",
+     lambda r: r.scheduler.num_waiting),
+    (GaugeMetricFamily, "kv_cache_usage_perc", "Fraction of KV cache blocks in use (0 to 1).",
+     _kv_cache_usage),
+    (CounterMetricFamily, "prompt_tokens", "Prompt tokens submitted.",
+     lambda r: r.prompt_tokens_total),
+    (CounterMetricFamily, "generation_tokens", "Tokens generated.",
+     lambda r: r.scheduler.num_generated_tokens),
+    (CounterMetricFamily, "num_preemptions", "Sequences preempted.",
+     lambda r: r.scheduler.num_preemptions),
+    (CounterMetricFamily, "prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.",
+     lambda r: r.scheduler.num_cached_tokens),
+)  # fmt: skip
+_VLLM_FIGURES: tuple[Figure, ...] = (
+    (GaugeMetricFamily, "num_requests_running", "Requests running.",
+     lambda r: r.scheduler.num_running),
+    (GaugeMetricFamily, "num_requests_waiting", "Requests waiting.",
+     lambda r: r.scheduler.num_waiting + r.scheduler.num_held),
+    (GaugeMetricFamily, "kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.",
+     _kv_cache_usage),
+    (CounterMetricFamily, "prefix_cache_queries", "Prefix cache queries, in tokens.",
+     lambda r: r.prompt_tokens_total),
+    (CounterMetricFamily, "prefix_cache_hits", "Prefix cache hits, in tokens.",
+     lambda r: r.scheduler.num_cached_tokens),
+)  # fmt: skip
+_CACHE = ["block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching"]
 
 
 def _time_split(stats: EngineStats) -> Iterator[Metric]:

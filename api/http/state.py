@@ -15,7 +15,13 @@ from api.http.connections import ConnectionStats
 from api.http.errors import APIError, from_validation_error
 from api.http.metrics import Metrics
 from api.http.request_log import LogConfig, RequestLog
-from runtime.protocol import EngineClient, RequestOutput, SamplingParams, SessionParams
+from runtime.protocol import (
+    ControlClient,
+    EngineClient,
+    RequestOutput,
+    SamplingParams,
+    SessionParams,
+)
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -61,6 +67,10 @@ class ServerState:
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.engine, self.connections, self.settings.served_model_name)
         self.request_log = RequestLog(self.settings.log_config)
+
+    @property
+    def control(self) -> ControlClient:
+        return self.engine.control
 
     async def parse(self, model: type[Model], *, optional: bool = False) -> Model:
         """The request's JSON body as `model`, or an APIError(400) naming what is wrong. An

@@ -70,7 +70,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
     @control("/continue_generation")
     async def continue_generation() -> Response:
         await state.parse(ContinueGenerationRequest, optional=True)
-        await steer(state.engine.resume())
+        await steer(state.control.resume())
         return jsonify({"message": "Generation continued successfully.", "status": "ok"})
 
     @control("/pause")
@@ -88,12 +88,12 @@ def register(app: QuartTrio, state: ServerState) -> None:
 
     @control("/resume")
     async def resume_vllm() -> Response:
-        await steer(state.engine.resume())
+        await steer(state.control.resume())
         return jsonify({"status": "resumed"})
 
     @control("/is_paused", method="GET")
     async def is_paused() -> Response:
-        return jsonify({"is_paused": state.engine.is_paused})
+        return jsonify({"is_paused": state.control.is_paused})
 
     @control("/flush_cache")
     async def flush_cache() -> Response:
@@ -108,7 +108,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
     @control("/update_weights_from_disk")
     async def update_weights_from_disk() -> Response:
         req = await state.parse(UpdateWeightsFromDiskRequest)
-        success, message, num_paused = await state.engine.update_weights_from_disk(
+        success, message, num_paused = await state.control.update_weights_from_disk(
             req.model_path,
             weight_version=req.weight_version,
             flush_cache=req.flush_cache,
@@ -130,7 +130,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
             )
         flush_cache = query_flag("flush_cache", default=True)
         async with body_in_file(".safetensors", uploading) as path:
-            success, message = await state.engine.update_weights_from_tensor(
+            success, message = await state.control.update_weights_from_tensor(
                 Path(path),
                 weight_version=request.args.get("weight_version"),
                 flush_cache=flush_cache,
@@ -140,7 +140,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
     @control("/init_weights_update_group")
     async def init_weights_update_group() -> Response:
         req = await state.parse(InitWeightsUpdateGroupRequest)
-        success, message = await state.engine.init_weights_update_group(
+        success, message = await state.control.init_weights_update_group(
             req.master_address,
             req.master_port,
             req.rank_offset,
@@ -156,10 +156,10 @@ def register(app: QuartTrio, state: ServerState) -> None:
             req = await state.parse(UpdateWeightsFromDistributedRequest)
         except APIError as error:  # the trainer broadcasts anyway: out of step, so leave
             name = await group_named_in_body()
-            await state.engine.destroy_weights_update_group(name)
+            await state.control.destroy_weights_update_group(name)
             error.message += f" (the weight update group {name!r} was left: init it again)"
             raise
-        success, message = await state.engine.update_weights_from_distributed(
+        success, message = await state.control.update_weights_from_distributed(
             req.names,
             req.dtypes,
             req.shapes,
@@ -173,13 +173,13 @@ def register(app: QuartTrio, state: ServerState) -> None:
     @control("/destroy_weights_update_group")
     async def destroy_weights_update_group() -> Response:
         req = await state.parse(DestroyWeightsUpdateGroupRequest, optional=True)
-        return answer(*await state.engine.destroy_weights_update_group(req.group_name))
+        return answer(*await state.control.destroy_weights_update_group(req.group_name))
 
     @control("/get_weights_by_name")
     async def get_weights_by_name() -> Response:
         req = await state.parse(GetWeightsByNameRequest)
         try:
-            values = await state.engine.get_weights_by_name(req.name, req.truncate_size)
+            values = await state.control.get_weights_by_name(req.name, req.truncate_size)
         except ValueError as exc:
             raise APIError(404, str(exc), param="name", code="not_found") from None
         return jsonify(values)
@@ -187,18 +187,18 @@ def register(app: QuartTrio, state: ServerState) -> None:
     @control("/release_memory_occupation")
     async def release_memory_occupation() -> Response:
         req = await state.parse(MemoryOccupationRequest, optional=True)
-        await steer(state.engine.release_memory_occupation(list(req.tags or MEMORY_TAGS)))
+        await steer(state.control.release_memory_occupation(list(req.tags or MEMORY_TAGS)))
         return jsonify({"success": True, "message": "Memory released."})
 
     @control("/resume_memory_occupation")
     async def resume_memory_occupation() -> Response:
         req = await state.parse(MemoryOccupationRequest, optional=True)
-        await steer(state.engine.resume_memory_occupation(list(req.tags or MEMORY_TAGS)))
+        await steer(state.control.resume_memory_occupation(list(req.tags or MEMORY_TAGS)))
         return jsonify({"success": True, "message": "Memory resumed."})
 
     @control("/sleep")
     async def sleep_vllm() -> Response:
-        await steer(state.engine.release_memory_occupation(list(MEMORY_TAGS)))
+        await steer(state.control.release_memory_occupation(list(MEMORY_TAGS)))
         return Response(b"", 200)
 
     @control("/wake_up")
@@ -211,12 +211,12 @@ def register(app: QuartTrio, state: ServerState) -> None:
                 param="tags",
                 code="invalid_value",
             )
-        await steer(state.engine.resume_memory_occupation(tags))
+        await steer(state.control.resume_memory_occupation(tags))
         return Response(b"", 200)
 
     @control("/is_sleeping", method="GET")
     async def is_sleeping() -> Response:
-        return jsonify({"is_sleeping": state.engine.is_sleeping})
+        return jsonify({"is_sleeping": state.control.is_sleeping})
 
     @control("/configure_logging")
     async def configure_logging() -> Response:
@@ -234,7 +234,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
     async def start_profile() -> Response:
         req = await state.parse(StartProfileRequest)
         await steer(
-            state.engine.start_profile(
+            state.control.start_profile(
                 req.output_dir, req.num_steps, req.activities, req.record_shapes, req.with_stack
             )
         )
@@ -242,7 +242,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
 
     @control("/stop_profile")
     async def stop_profile() -> Response:
-        await steer(state.engine.stop_profile())
+        await steer(state.control.stop_profile())
         return jsonify({"success": True, "message": "Profiling stopped; traces written."})
 
     @control("/abort_request")
@@ -295,14 +295,14 @@ async def steer(call: Awaitable[None]) -> None:
 
 async def flush(state: ServerState) -> None:
     try:
-        await state.engine.flush_cache()
+        await state.control.flush_cache()
     except ValueError as exc:  # requests are open
         raise APIError(400, str(exc), code="invalid_state") from None
 
 
 async def pause(state: ServerState, mode: str) -> None:
     try:
-        await state.engine.pause(mode)
+        await state.control.pause(mode)
     except ValueError as exc:  # already paused
         raise APIError(400, str(exc), code="invalid_state") from None
 

@@ -84,7 +84,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
             )
         req = await state.parse(SetInternalStateRequest)
         try:
-            await state.engine.set_internal_state(req.server_args)
+            await state.control.set_internal_state(req.server_args)
         except ValueError as exc:
             raise APIError(400, str(exc), param="server_args", code="invalid_value") from None
         return jsonify([True] * len(state.engine.get_loads()))  # one per dp rank, as SGLang
@@ -92,7 +92,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
     @app.get("/health_generate")
     async def health_generate() -> Response:
         """One greedy token through every actor, outside the request metrics."""
-        if state.draining or state.engine.is_paused:
+        if state.draining or state.control.is_paused:
             why = "draining" if state.draining else "paused"
             raise APIError(503, f"the server is {why}: it generates nothing", code="unhealthy")
         state.admit()  # a probe, but not a way past --max-open-requests

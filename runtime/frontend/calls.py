@@ -1,8 +1,8 @@
-"""Calls from the frontend to the actors that wait for an answer: pings and control messages.
+"""Calls from the frontend to the actors that wait for an answer: pings and control ops.
 
-Each call has a nonce; the actors' answer (`Pong`, `ControlDone`, `WeightValues`) carries it
-back. A caller that leaves simply stops waiting, and a late answer is dropped; if the engine
-dies, every waiting caller is woken to find out.
+Each call has a nonce; the actors' answer (`Pong`, `ControlDone`) carries it back. A caller
+that leaves simply stops waiting, and a late answer is dropped; if the engine dies, every
+waiting caller is woken and gets `EngineDeadError`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from collections.abc import Callable
 import trio
 
 from runtime.frontend.outbox import Outbox
-from runtime.wire.messages import ControlDone, Pong, WeightValues
+from runtime.protocol import EngineDeadError
+from runtime.wire.control import Control, ControlDone, ControlOp
+from runtime.wire.messages import Ping, Pong, Probe
 
-Answer = Pong | ControlDone | WeightValues
+Answer = Pong | ControlDone
 
 
 class Calls:
@@ -24,10 +26,42 @@ class Calls:
         self._waiting: dict[int, trio.Event] = {}
         self._answers: dict[int, Answer] = {}
         self._nonces = itertools.count()
+        self._dead: BaseException | None = None
 
-    async def ask(self, make: Callable[[int], object]) -> Answer | None:
-        """Send the message `make(nonce)` after everything queued so far; wait for its answer
-        (None if `wake_all` woke us instead)."""
+    async def control(self, op: ControlOp) -> tuple[float, ...]:
+        """Apply a control op after everything queued so far: the values it read, or
+        ValueError saying why it failed."""
+        answer = await self._ask(lambda nonce: Control(nonce, op))
+        assert isinstance(answer, ControlDone)
+        if answer.error:
+            raise ValueError(answer.error)
+        return answer.values
+
+    async def ping(self, *, through_worker: bool = True) -> Pong:
+        """A round trip through both actors (or to the scheduler only), after everything
+        queued before it."""
+        answer = await self._ask(Ping if through_worker else Probe)
+        assert isinstance(answer, Pong)
+        return answer
+
+    def check_alive(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError("the engine is not running") from self._dead
+
+    def fail(self, error: BaseException) -> None:
+        """The engine is dead: every waiting caller wakes to find out."""
+        self._dead = self._dead or error  # the first cause is the one to report
+        for answered in self._waiting.values():
+            answered.set()
+
+    def answer(self, nonce: int, msg: Answer) -> None:
+        if nonce in self._waiting:  # else: its caller left
+            self._answers[nonce] = msg
+            self._waiting[nonce].set()
+
+    async def _ask(self, make: Callable[[int], object]) -> Answer:
+        """Send the message `make(nonce)` after everything queued so far; wait for its answer."""
+        self.check_alive()
         nonce = next(self._nonces)
         answered = self._waiting[nonce] = trio.Event()
         self._outbox.send_after(make(nonce))
@@ -35,13 +69,7 @@ class Calls:
             await answered.wait()
         finally:
             del self._waiting[nonce]
-        return self._answers.pop(nonce, None)
-
-    def answer(self, nonce: int, msg: Answer) -> None:
-        if nonce in self._waiting:  # else: its caller left
-            self._answers[nonce] = msg
-            self._waiting[nonce].set()
-
-    def wake_all(self) -> None:
-        for answered in self._waiting.values():
-            answered.set()
+            answer = self._answers.pop(nonce, None)
+        self.check_alive()  # woken by `fail`, not by an answer
+        assert answer is not None
+        return answer

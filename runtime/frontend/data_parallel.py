@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import trio
@@ -36,37 +36,24 @@ import trio
 from runtime.frontend.router import Router
 from runtime.protocol import RankStats
 from runtime.wire.codec import WireError
+from runtime.wire.control import Control, ControlDone, FanOut
 from runtime.wire.messages import (
     AddRequest,
-    ControlDone,
     EngineReady,
-    FlushCache,
-    GetWeights,
-    JoinWeightGroup,
     OpenSession,
+    Ping,
     Pong,
+    Probe,
     Rejected,
-    ReleaseMemory,
     ReleaseTurns,
-    ResumeMemory,
     SchedulerStats,
     StepOutputs,
     Submit,
-    UpdateWeights,
-    UpdateWeightsFromFile,
-    UpdateWeightsFromGroup,
-    WeightValues,
     WorkerStats,
 )
 from runtime.wire.transport import MessageChannel
 
 Stats = TypeVar("Stats", SchedulerStats, WorkerStats)
-
-# Messages after which a group's prefix cache no longer holds what it was sent.
-_DROPS_CACHE = (FlushCache, UpdateWeights, UpdateWeightsFromFile, UpdateWeightsFromGroup,
-                ReleaseMemory, ResumeMemory)  # fmt: skip
-# Messages that change the weights: every group must succeed, or none.
-_CHANGES_WEIGHTS = (UpdateWeights, UpdateWeightsFromFile, UpdateWeightsFromGroup, ResumeMemory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +73,7 @@ class DataParallelChannel(MessageChannel):
         self._loads = [0] * size  # tokens of each group's open requests (the router's load)
         self._open: dict[str, list[int]] = {}  # request id -> [group, tokens in its load]
         self._sessions: dict[str, int] = {}  # session key -> its group
-        self._answers: dict[int, list[tuple[int, object]]] = {}  # nonce -> (group, answer)
-        self._weight_changes: set[int] = set()  # nonces of weight changes awaiting answers
+        self._answers: dict[int, _Gathering] = {}  # by nonce: calls awaiting their answers
         self._readies: list[EngineReady | None] = [None] * size
         self._schedulers = [SchedulerStats.idle(0)] * size
         self._workers = [WorkerStats()] * size
@@ -123,9 +109,17 @@ class DataParallelChannel(MessageChannel):
             case Submit():
                 for group, part in self._split(msg).items():
                     await self._channels[group].send(part)
-            case GetWeights():  # every group serves the same weights
-                self._answers[msg.nonce] = []
-                await self._channels[0].send(msg)
+            case Control(nonce=nonce, op=op):
+                if op.drops_prefix_cache:
+                    self._router.forget()
+                groups = [0] if op.fan_out is FanOut.ONE_GROUP else range(len(self._channels))
+                self._answers[nonce] = _Gathering(len(groups), op.changes_weights)
+                for group in groups:
+                    await self._channels[group].send(Control(nonce, op.for_group(group)))
+            case Ping(nonce=nonce) | Probe(nonce=nonce):
+                self._answers[nonce] = _Gathering(len(self._channels))
+                for channel in self._channels:
+                    await channel.send(msg)
             case OpenSession(session=key):
                 chosen = self._sessions[key] = self._router.least_loaded(self._loads)
                 await self._channels[chosen].send(msg)
@@ -134,22 +128,7 @@ class DataParallelChannel(MessageChannel):
                 if owner is not None:  # else no group keeps anything of it
                     await self._channels[owner].send(msg)
             case _:
-                await self._send_to_all(msg)
-
-    async def _send_to_all(self, msg: object) -> None:
-        nonce = getattr(msg, "nonce", None)
-        if nonce is None:
-            raise WireError(f"no group to send a {type(msg).__name__} to")
-        self._answers[nonce] = []
-        if isinstance(msg, _CHANGES_WEIGHTS):
-            self._weight_changes.add(nonce)
-        if isinstance(msg, _DROPS_CACHE):
-            self._router.forget()
-        for group, channel in enumerate(self._channels):
-            part = msg
-            if isinstance(msg, JoinWeightGroup):  # each group's worker is a rank of its own
-                part = dataclasses.replace(msg, rank_offset=msg.rank_offset + group)
-            await channel.send(part)
+                raise WireError(f"no group to send a {type(msg).__name__} to")
 
     def _split(self, submit: Submit) -> dict[int, Submit]:
         """Each group's part of a `Submit`, in the original order."""
@@ -206,7 +185,7 @@ class DataParallelChannel(MessageChannel):
                 if entry is not None:
                     self._loads[group] -= entry[1]
                 return msg
-            case Pong(nonce=nonce) | ControlDone(nonce=nonce) | WeightValues(nonce=nonce):
+            case Pong(nonce=nonce) | ControlDone(nonce=nonce):
                 if isinstance(msg, Pong) and msg.scheduler is not None:
                     self._schedulers[group] = msg.scheduler
                 if isinstance(msg, Pong) and msg.worker is not None:
@@ -230,44 +209,23 @@ class DataParallelChannel(MessageChannel):
                 del self._open[rid]
                 self._loads[group] -= entry[1]
 
-    def _combine(self, nonce: int, group: int, msg: object) -> object | None:
-        answers = self._answers.get(nonce)
-        if answers is None:
+    def _combine(self, nonce: int, group: int, msg: Pong | ControlDone) -> object | None:
+        gathering = self._answers.get(nonce)
+        if gathering is None:
             raise WireError(f"an answer from dp_rank {group} to a call nobody made ({nonce})")
-        answers.append((group, msg))
-        if isinstance(msg, WeightValues) or len(answers) == len(self._channels):
-            del self._answers[nonce]
-            if isinstance(msg, WeightValues):
-                return msg
-            if isinstance(msg, Pong):
-                return self._combined_pong(nonce, [answer for _, answer in answers])
-            return self._combined_done(nonce, answers)
-        return None
+        gathering.answers.append((group, msg))
+        if len(gathering.answers) < gathering.expected:
+            return None
+        del self._answers[nonce]
+        if isinstance(msg, Pong):
+            return self._combined_pong(nonce, [answer for _, answer in gathering.answers])
+        return _combined_done(nonce, gathering)
 
     def _combined_pong(self, nonce: int, pongs: list[object]) -> Pong:
         with_stats = all(isinstance(p, Pong) and p.scheduler is not None for p in pongs)
         if not with_stats:  # a `Probe`'s answers: schedulers only
             return Pong(nonce, None, None)
         return Pong(nonce, _add_up(self._schedulers), _add_up(self._workers))
-
-    def _combined_done(self, nonce: int, answers: list[tuple[int, object]]) -> ControlDone:
-        errors = sorted(
-            (group, answer.error)
-            for group, answer in answers
-            if isinstance(answer, ControlDone) and answer.error
-        )
-        if nonce in self._weight_changes:
-            self._weight_changes.discard(nonce)
-            if 0 < len(errors) < len(answers):
-                raise GroupsDivergedError(
-                    "a weight change failed in some data-parallel groups only, which would "
-                    f"serve different weights: {_named(errors)}"
-                )
-        if not errors:
-            return ControlDone(nonce, "")
-        if len(errors) == len(answers) and len({error for _, error in errors}) == 1:
-            return ControlDone(nonce, errors[0][1])
-        return ControlDone(nonce, _named(errors))
 
     def _ready(self, group: int, ready: EngineReady) -> EngineReady | None:
         self._readies[group] = ready
@@ -289,6 +247,37 @@ def _add_up(stats: list[Stats]) -> Stats:
         for field in dataclasses.fields(first)
     }
     return type(first)(**totals)
+
+
+@dataclass(slots=True)
+class _Gathering:
+    """A call sent to `expected` groups, and the answers that came back so far."""
+
+    expected: int
+    changes_weights: bool = False
+    answers: list[tuple[int, object]] = field(default_factory=list)
+
+
+def _combined_done(nonce: int, gathering: _Gathering) -> ControlDone:
+    """The groups' answers as one: success, the one error all gave, or each error named."""
+    answers = gathering.answers
+    if len(answers) == 1:
+        return answers[0][1]  # type: ignore[return-value]
+    errors = sorted(
+        (group, answer.error)
+        for group, answer in answers
+        if isinstance(answer, ControlDone) and answer.error
+    )
+    if gathering.changes_weights and 0 < len(errors) < len(answers):
+        raise GroupsDivergedError(
+            "a weight change failed in some data-parallel groups only, which would "
+            f"serve different weights: {_named(errors)}"
+        )
+    if not errors:
+        return ControlDone(nonce, "")
+    if len(errors) == len(answers) and len({error for _, error in errors}) == 1:
+        return ControlDone(nonce, errors[0][1])
+    return ControlDone(nonce, _named(errors))
 
 
 def _named(errors: list[tuple[int, str]]) -> str:

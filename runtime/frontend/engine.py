@@ -20,7 +20,7 @@ import itertools
 import math
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import trio
@@ -29,17 +29,16 @@ from transformers import PreTrainedTokenizerBase
 from runtime.checkpoints.model_info import ModelInfo
 from runtime.config.engine import EngineConfig
 from runtime.config.sampling import SamplingParams
-from runtime.frontend.calls import Answer, Calls
+from runtime.frontend.calls import Calls
+from runtime.frontend.control import EngineControl
 from runtime.frontend.data_parallel import DataParallelChannel
 from runtime.frontend.inputs import InputProcessor
-from runtime.frontend.loads import LoadReports, ThroughputMeter
+from runtime.frontend.loads import LoadReports
+from runtime.frontend.open_requests import OpenRequests
 from runtime.frontend.outbox import Outbox
-from runtime.frontend.profiling import ProfileCalls
 from runtime.frontend.request_group import RequestGroup
-from runtime.frontend.request_stream import RequestStream, dispatch
-from runtime.frontend.sessions import SessionCalls, Sessions, SessionTurn
-from runtime.frontend.steering import Steering
-from runtime.frontend.steering_calls import SteeringCalls
+from runtime.frontend.request_stream import dispatch
+from runtime.frontend.sessions import Sessions, SessionTurn
 from runtime.protocol import (
     EngineClient,
     EngineDeadError,
@@ -52,17 +51,14 @@ from runtime.protocol import (
 )
 from runtime.tracing import PhaseTrace
 from runtime.wire.codec import WireError
+from runtime.wire.control import ControlDone
 from runtime.wire.messages import (
     AddRequest,
-    ControlDone,
     EngineReady,
-    Ping,
     Pong,
-    Probe,
     Rejected,
     SchedulerStats,
     StepOutputs,
-    WeightValues,
     WorkerStats,
 )
 from runtime.wire.transport import MessageChannel
@@ -71,7 +67,13 @@ from runtime.wire.transport import MessageChannel
 DIAGNOSE_TIMEOUT = 2.0
 
 
-class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClient):
+class Engine(EngineClient):
+    """Requests, their text and the engine's statistics; its parts: `requests` (the open
+    ones), `sessions`, `loads` (load reports) and `control` (the `ControlClient`: steering,
+    weights, memory, profiles)."""
+
+    control: EngineControl
+
     def __init__(
         self,
         config: EngineConfig,
@@ -87,20 +89,15 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
         self._groups = groups  # with data parallelism: the channel to every group
         self.ready: EngineReady | None = None  # what the actors run, once `run` has started
         self._outbox = Outbox()
-        self._streams: dict[str, RequestStream] = {}  # by the engine's own request id
-        self._labels: dict[str, list[str]] = {}  # the caller's rid -> the engine's ids (one
-        # per sample), while open
-        self._no_requests = trio.Event()
-        self._no_requests.set()
         self._call_order = itertools.count()
-        self._calls = Calls(self._outbox)  # pings and control messages awaiting an answer
-        self.steering = Steering(self, config.model, config.data_parallel_size)
-        self.sessions = Sessions(config.max_sessions)
+        self._calls = Calls(self._outbox)  # pings and control ops awaiting an answer
         self.trace = PhaseTrace("frontend")  # while profiling (start_profile)
-        # generated tokens per second of each data-parallel group, for get_loads
-        self._meters = [ThroughputMeter() for _ in range(config.data_parallel_size)]
-        self._sessions_changed = trio.Event()
-        self._dead: BaseException | None = None
+        self.requests = OpenRequests(self._outbox)
+        self.sessions = Sessions(config.max_sessions, self._outbox)
+        self.loads = LoadReports(config.block_size, config.data_parallel_size)
+        self.control = EngineControl(
+            self._calls, self.requests, self.trace, config.model, config.data_parallel_size
+        )
         self._prompt_tokens = 0
         self._dispatch_seconds = 0.0
         self._detokenize_seconds = 0.0
@@ -123,7 +120,7 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._send_loop, channel)
                 nursery.start_soon(self._receive_loop, channel)
-                nursery.start_soon(self._reap_sessions)
+                nursery.start_soon(self.sessions.reap)
                 task_status.started()
         except BaseException as exc:  # callers waiting for an answer (shielded ones too) wake
             self.fail(EngineDeadError(f"the engine's message loop stopped: {exc!r}"))
@@ -131,10 +128,8 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
 
     def fail(self, error: BaseException) -> None:
         """The engine is dead: every open request and health check ends with `error`."""
-        self._dead = self._dead or error  # the first cause is the one to report
-        for stream in self._streams.values():
-            stream.fail(EngineDeadError(str(error)))
-        self._calls.wake_all()
+        self.requests.fail(error)
+        self._calls.fail(error)
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -149,10 +144,10 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
     @property
     def model_card(self) -> ModelCard:
         return ModelCard(
-            self.steering.model_path,
+            self.control.model_path,
             self.config.max_model_len,
             self.info.vocab_size,
-            self.steering.weight_version,
+            self.control.weight_version,
         )
 
     def generate(
@@ -176,13 +171,12 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
         turn = None
         if session is not None:  # the prompt continues the session's history
             bos = self.inputs.tokenizer.bos_token_id
-            token_ids, opened, parent = self.sessions.prompt(session, label, token_ids, bos)
-            turn = (opened, session, parent)
+            token_ids, turn = self.sessions.prompt(session, label, token_ids, bos)
         max_tokens = self.inputs.max_tokens(params, len(token_ids))
         params = self.inputs.resolve(params, len(token_ids))
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
-        self._check_label_free(label)
+        self.requests.check_label_free(label)
         order = next(self._call_order)
         key = turn[0].key if turn is not None else ""
         adds = [AddRequest(f"{order}", token_ids, max_tokens, params, key)]
@@ -193,23 +187,21 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
         return self._run(label, adds, order, timeout or math.inf, turn)
 
     def abort(self, rid: str) -> None:
-        for request_id in self._labels.get(rid, ()):
-            self._abort(request_id)
+        self.requests.abort(rid)
 
     def abort_all(self) -> None:
-        for request_id in list(self._streams):
-            self._abort(request_id)
+        self.requests.abort_all()
 
     async def wait_no_requests(self) -> None:
-        await self._no_requests.wait()
+        await self.requests.wait_none()
 
     async def check_health(self) -> None:
-        await self._ping()
+        await self._calls.ping()
 
     async def diagnose(self) -> str:
         """Which actor is not answering, after a health check did not return in time."""
         with trio.move_on_after(DIAGNOSE_TIMEOUT):
-            await self._ping(through_worker=False)
+            await self._calls.ping(through_worker=False)
             return "the worker is not answering (the scheduler is)"
         return "the scheduler is not answering"
 
@@ -228,10 +220,8 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
 
     def statistics(self) -> EngineStats:
         frontend = FrontendStats(
-            num_requests_open=len(self._streams),
-            num_requests_generating=sum(
-                not stream.upstream_done for stream in self._streams.values()
-            ),
+            num_requests_open=len(self.requests),
+            num_requests_generating=self.requests.num_generating,
             prompt_tokens_total=self._prompt_tokens,
             dispatch_seconds=self._dispatch_seconds,
             detokenize_seconds=self._detokenize_seconds,
@@ -241,7 +231,7 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
 
     async def fetch_statistics(self) -> EngineStats:
         """Fresh statistics: a round trip through both actors, after all earlier submissions."""
-        answer = await self._ping()
+        answer = await self._calls.ping()
         now = self.statistics()
         return dataclasses.replace(
             now, scheduler=answer.scheduler or now.scheduler, worker=answer.worker or now.worker
@@ -262,6 +252,23 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
     def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
         return self.inputs.token_bytes(token_ids)
 
+    def open_session(
+        self,
+        capacity_of_str_len: int,
+        session_id: str | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        return self.sessions.open(capacity_of_str_len, session_id, timeout)
+
+    def close_session(self, session_id: str) -> None:
+        self.sessions.close(session_id)
+
+    def get_loads(self) -> list[dict[str, Any]]:
+        return self.loads.loads(self.statistics())
+
+    def get_internal_state(self) -> list[dict[str, Any]]:
+        return self.loads.internal_state(self.statistics())
+
     # -- requests ------------------------------------------------------------------------
 
     async def _run(
@@ -272,20 +279,15 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
         time_limit: float,
         turn: SessionTurn | None,
     ) -> AsyncGenerator[RequestOutput, None]:
-        self._check_alive()
+        self._calls.check_alive()
         await trio.lowlevel.checkpoint_if_cancelled()  # already cancelled: queue nothing
-        self._check_label_free(label)  # another request may have taken it since `generate`
+        self.requests.check_label_free(label)  # another may have taken it since `generate`
         if turn is not None:
-            self._start_turn(turn, label)
+            self.sessions.start_turn(turn, label)
         output_ids: list[int] = []
         finish_reason = None
         group = RequestGroup(label, adds, self.inputs.tokenizer)
-        for add, stream in zip(adds, group.streams, strict=True):
-            self._streams[add.rid] = stream
-            self._outbox.add(order, add)
-        self._labels[label] = [add.rid for add in adds]
-        if self._no_requests.is_set():  # a task waiting on the unset one must still be woken
-            self._no_requests = trio.Event()
+        self.requests.open(label, order, adds, group.streams)
         self._prompt_tokens += len(adds[0].prompt_token_ids)
         deadline = trio.current_time() + time_limit
         try:
@@ -300,63 +302,16 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
                     output_ids += output.token_ids
                     finish_reason = output.finish_reason
                     if output.finished:  # a stop string may end it here: tell the actors now
-                        self._abort_upstream(adds[i].rid, group.streams[i])
+                        self.requests.end_upstream(adds[i].rid, group.streams[i])
                 for _, output in outputs:
                     yield output
         finally:
             self._detokenize_seconds += group.detokenize_seconds
-            for add, stream in zip(adds, group.streams, strict=True):
-                del self._streams[add.rid]
-                self._abort_upstream(add.rid, stream)
-            del self._labels[label]
+            self.requests.close(label, adds)
             if turn is not None:
-                self._end_turn(turn, label, adds[0], output_ids, finish_reason)
-            if not self._streams:
-                self._no_requests.set()
-
-    def _abort(self, request_id: str) -> None:
-        stream = self._streams[request_id]
-        stream.end("abort")
-        self._abort_upstream(request_id, stream)
-
-    def _abort_upstream(self, request_id: str, stream: RequestStream) -> None:
-        """Tell the scheduler to drop the request, unless it is done with it: exactly once."""
-        if not stream.upstream_done:
-            stream.upstream_done = True
-            self._outbox.abort(request_id)
-
-    def _check_label_free(self, label: str) -> None:
-        if label in self._labels:
-            raise ValueError(
-                f"request id {label!r} is already in use by a request that has not ended"
-            )
-
-    def _check_alive(self) -> None:
-        if self._dead is not None:
-            raise EngineDeadError("the engine is not running") from self._dead
+                self.sessions.end_turn(turn, label, adds[0], output_ids, finish_reason)
 
     # -- actor tasks ---------------------------------------------------------------------
-
-    async def _ping(self, *, through_worker: bool = True) -> Pong:
-        """A round trip through both actors (or to the scheduler only), after everything
-        queued before it."""
-        answer = await self.ask(Ping if through_worker else Probe)
-        assert isinstance(answer, Pong)
-        return answer
-
-    async def control(self, make: Callable[[int], object]) -> None:
-        """Send a control message (made from its nonce); ValueError if it failed."""
-        answer = await self.ask(make)
-        assert isinstance(answer, ControlDone)
-        if answer.error:
-            raise ValueError(answer.error)
-
-    async def ask(self, make: Callable[[int], object]) -> Answer:
-        self._check_alive()
-        answer = await self._calls.ask(make)
-        self._check_alive()  # woken by `fail`, not by an answer
-        assert answer is not None
-        return answer
 
     async def _send_loop(self, channel: MessageChannel) -> None:
         while True:
@@ -370,22 +325,19 @@ class Engine(SteeringCalls, SessionCalls, ProfileCalls, LoadReports, EngineClien
                 case StepOutputs():
                     started = time.perf_counter()
                     self._scheduler_stats, self._worker_stats = msg.scheduler, msg.worker
-                    dispatch(self._streams, msg)
+                    dispatch(self.requests.streams, msg)
                     ended = time.perf_counter()
                     self._dispatch_seconds += ended - started
                     if self.trace.on and msg.rids:
                         self.trace.span("dispatch", started, ended, tokens=len(msg.rids))
                         self.trace.step_done()
                 case Rejected(rid=request_id, reason=reason):
-                    stream = self._streams.get(request_id)
-                    if stream is not None:
-                        stream.upstream_done = True  # the scheduler holds nothing of it
-                        stream.fail(ValueError(f"the request was refused: {reason}"))
+                    self.requests.refused(request_id, reason)
                 case Pong(nonce=nonce, scheduler=scheduler, worker=worker):
                     self._scheduler_stats = scheduler or self._scheduler_stats
                     self._worker_stats = worker or self._worker_stats
                     self._calls.answer(nonce, msg)
-                case ControlDone(nonce=nonce) | WeightValues(nonce=nonce):
+                case ControlDone(nonce=nonce):
                     self._calls.answer(nonce, msg)
                 case _:
                     raise WireError(f"frontend got an unexpected {type(msg).__name__}")

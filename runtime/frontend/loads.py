@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
-from runtime.config.engine import EngineConfig
 from runtime.protocol import EngineStats, RankStats
 
 
@@ -74,18 +72,19 @@ def internal_state(load: dict[str, Any]) -> dict[str, Any]:
 
 
 class LoadReports:
-    """Mixed into the engine: `get_loads` and `get_internal_state` from its statistics."""
+    """`get_loads` and `get_internal_state` from the engine's statistics, with a throughput
+    meter per data-parallel group."""
 
-    config: EngineConfig
-    _meters: list[ThroughputMeter]  # one per data-parallel group
-    statistics: Callable[[], EngineStats]  # the engine's
+    def __init__(self, block_size: int, num_groups: int) -> None:
+        self.block_size = block_size
+        self._meters = [ThroughputMeter() for _ in range(num_groups)]
 
-    def get_loads(self) -> list[dict[str, Any]]:
+    def loads(self, stats: EngineStats) -> list[dict[str, Any]]:
         loads = []
-        for rank, meter in zip(self.statistics().per_rank(), self._meters, strict=True):
+        for rank, meter in zip(stats.per_rank(), self._meters, strict=True):
             throughput = meter.rate(rank.scheduler.num_generated_tokens)
-            loads.append(load_entry(rank, self.config.block_size, throughput))
+            loads.append(load_entry(rank, self.block_size, throughput))
         return loads
 
-    def get_internal_state(self) -> list[dict[str, Any]]:
-        return [internal_state(load) for load in self.get_loads()]
+    def internal_state(self, stats: EngineStats) -> list[dict[str, Any]]:
+        return [internal_state(load) for load in self.loads(stats)]

@@ -62,7 +62,9 @@ class Session:
         return math.inf if self.running else self.idle_since + self.timeout
 
 
-class Sessions:
+class SessionBook:
+    """Every open session's turns: what a new turn's prompt is, and what ending it keeps."""
+
     def __init__(self, max_sessions: int) -> None:
         self.max_sessions = max_sessions
         self._sessions: dict[str, Session] = {}
@@ -206,35 +208,44 @@ class Sessions:
 SessionTurn = tuple[Session, SessionParams, "str | None"]  # a request's session, and parent
 
 
-class SessionCalls:
-    """The engine's session calls (EngineClient's), and what its requests do for sessions."""
+class Sessions:
+    """The engine's sessions: the book of their turns, and what the scheduler must hear of
+    them (a session opened, turns whose KV it may release), queued in order with requests."""
 
-    sessions: Sessions
-    _outbox: Outbox
-    _sessions_changed: trio.Event
+    def __init__(self, max_sessions: int, outbox: Outbox) -> None:
+        self.book = SessionBook(max_sessions)
+        self._outbox = outbox
+        self._changed = trio.Event()
 
-    def open_session(
+    def open(
         self,
         capacity_of_str_len: int,
         session_id: str | None = None,
         timeout: float | None = None,
     ) -> str:
-        session = self.sessions.open(capacity_of_str_len, session_id, timeout, trio.current_time())
+        session = self.book.open(capacity_of_str_len, session_id, timeout, trio.current_time())
         self._outbox.send_after(OpenSession(session.key))  # before any of its turns
-        self._sessions_changed.set()
+        self._changed.set()
         return session.session_id
 
-    def close_session(self, session_id: str) -> None:
-        session = self.sessions.close(session_id)
+    def close(self, session_id: str) -> None:
+        session = self.book.close(session_id)
         self._outbox.send_after(ReleaseTurns(session.key, (), True))
 
-    def _start_turn(self, turn: SessionTurn, rid: str) -> None:
+    def prompt(
+        self, params: SessionParams, rid: str, input_ids: Sequence[int], bos: int | None
+    ) -> tuple[tuple[int, ...], SessionTurn]:
+        """A turn's whole prompt (the history it continues, then `input_ids`) and the turn."""
+        prompt, session, parent = self.book.prompt(params, rid, input_ids, bos)
+        return prompt, (session, params, parent)
+
+    def start_turn(self, turn: SessionTurn, rid: str) -> None:
         session, params, parent = turn
-        replaced = self.sessions.start(session, params, rid, parent)
+        replaced = self.book.start(session, params, rid, parent)
         if replaced:
             self._outbox.send_after(ReleaseTurns(session.key, tuple(replaced), False))
 
-    def _end_turn(
+    def end_turn(
         self,
         turn: SessionTurn,
         rid: str,
@@ -248,21 +259,21 @@ class SessionCalls:
         if finish_reason in ("stop", "length"):
             history = array("q", (*add.prompt_token_ids, *output))
             kept = Turn(add.rid, history, len(add.prompt_token_ids), parent)
-        released = self.sessions.ended(session, rid, kept, trio.current_time())
+        released = self.book.ended(session, rid, kept, trio.current_time())
         if released is None:
             return  # closed meanwhile: the scheduler released everything
         if kept is None:
             released.append(add.rid)
         if released:
             self._outbox.send_after(ReleaseTurns(session.key, tuple(released), False))
-        self._sessions_changed.set()
+        self._changed.set()
 
-    async def _reap_sessions(self) -> None:
-        """Close sessions idle past their timeout."""
+    async def reap(self) -> None:
+        """Close sessions idle past their timeout, for as long as the engine runs."""
         while True:
-            with trio.move_on_at(self.sessions.next_expiry()) as waiting:
-                await self._sessions_changed.wait()
-                self._sessions_changed = trio.Event()
+            with trio.move_on_at(self.book.next_expiry()) as waiting:
+                await self._changed.wait()
+                self._changed = trio.Event()
             if waiting.cancelled_caught:
-                for session_id in self.sessions.expired(trio.current_time()):
-                    self.close_session(session_id)
+                for session_id in self.book.expired(trio.current_time()):
+                    self.close(session_id)

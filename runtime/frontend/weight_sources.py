@@ -1,5 +1,6 @@
-"""What a weight update is made of, before it reaches the worker: tensors from the caller
-saved as a private safetensors file, and the checks of a trainer's announcement."""
+"""What a weight update or a memory release is made of, before it reaches the worker: tensors
+from the caller saved as a private safetensors file, and the checks of a trainer's group, its
+announcement, and the memory tags."""
 
 from __future__ import annotations
 
@@ -41,3 +42,29 @@ def announcement_problem(
         if not all(type(d) is int and 0 <= d <= MAX_TENSOR_DIM for d in shape):
             return f"{name}: shape {list(shape)} is not a list of sizes in [0, {MAX_TENSOR_DIM}]"
     return ""
+
+
+def group_problem(master_port: int, rank_offset: int, world_size: int, workers: int) -> str:
+    """What is wrong with an init_weights_update_group call ("" if nothing): the trainer is
+    rank 0, and each of the `workers` (data-parallel groups) takes a rank from `rank_offset`."""
+    last = rank_offset + workers - 1
+    if 1 <= master_port <= 65535 and 1 <= rank_offset <= last < world_size <= 65536:
+        return ""
+    return (
+        "need 1 <= master_port <= 65535 and 1 <= rank_offset, rank_offset + "
+        f"data_parallel_size - 1 < world_size <= 65536, got {master_port}, {rank_offset}, "
+        f"{world_size}"
+    )
+
+
+MEMORY_TAGS = ("kv_cache", "weights")
+
+
+def memory_tags(tags: list[str] | None) -> tuple[str, ...]:
+    """The memory a release or resume names (default: all of it), in a fixed order."""
+    if tags is None:
+        return MEMORY_TAGS
+    unknown = sorted(set(tags) - set(MEMORY_TAGS))
+    if unknown or not tags:
+        raise ValueError(f"tags must be among {', '.join(MEMORY_TAGS)}, got {tags!r}")
+    return tuple(t for t in MEMORY_TAGS if t in tags)

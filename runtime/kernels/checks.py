@@ -35,6 +35,29 @@ def check_contiguous(
             raise KernelError(f"expected contiguous {dtype} tensors, got {t.dtype}")
 
 
+def check_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    residual: torch.Tensor | None,
+    dtypes: Collection[torch.dtype],
+) -> None:
+    """RMSNorm's x [rows, dim], its weight, and the residual x is added to first, if any."""
+    check_contiguous(x, weight, *(() if residual is None else (residual,)), dtypes=dtypes)
+    if residual is not None and residual.shape != x.shape:
+        raise KernelError(f"residual {tuple(residual.shape)} for x {tuple(x.shape)}")
+
+
+def check_rotary(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtypes: Collection[torch.dtype]
+) -> None:
+    """x [T, heads, dim] with each token's heads packed, and one table row per token."""
+    tokens, _, dim = x.shape
+    check_heads_packed(x)
+    check_contiguous(cos, sin, like=x, dtypes=dtypes)
+    if cos.numel() != tokens * dim or sin.numel() != tokens * dim:
+        raise KernelError(f"rotary tables of {cos.numel()} values for {tokens} x {dim}")
+
+
 def check_sampling(logits: torch.Tensor, *params: tuple[torch.Tensor, torch.dtype]) -> None:
     """float32 logits [B, vocab] (rows may be strided) and one (tensor, dtype) per row
     parameter, each a contiguous [B] of that dtype."""

@@ -26,7 +26,8 @@ import torch
 from runtime.kernels.checks import (
     KernelError,
     check_contiguous,
-    check_heads_packed,
+    check_norm,
+    check_rotary,
     check_rows,
     check_sampling,
     sampling_params,
@@ -194,9 +195,7 @@ class CpuKernels:
         eps: float,
         residual: torch.Tensor | None = None,  # [rows, dim]: residual += x, then its norm
     ) -> torch.Tensor:
-        check_contiguous(x, weight, *(() if residual is None else (residual,)), dtypes=DTYPES)
-        if residual is not None and residual.shape != x.shape:
-            raise KernelError(f"residual {tuple(residual.shape)} for x {tuple(x.shape)}")
+        check_norm(x, weight, residual, DTYPES)
         out = torch.empty_like(x)
         rows, dim = x.shape
         self._call(
@@ -232,10 +231,7 @@ class CpuKernels:
     def rotary_(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
         """Rotate x [T, heads, dim] in place (a view whose tokens may be strided)."""
         tokens, heads, dim = x.shape
-        check_heads_packed(x)
-        check_contiguous(cos, sin_signed, like=x, dtypes=DTYPES)
-        if cos.numel() != tokens * dim or sin_signed.numel() != tokens * dim:
-            raise KernelError(f"rotary tables of {cos.numel()} values for {tokens} x {dim}")
+        check_rotary(x, cos, sin_signed, DTYPES)
         self._call(
             "fused_rotary",
             DTYPES[x.dtype],

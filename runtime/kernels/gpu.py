@@ -13,7 +13,8 @@ import triton
 from runtime.kernels.checks import (
     KernelError,
     check_contiguous,
-    check_heads_packed,
+    check_norm,
+    check_rotary,
     check_rows,
     check_sampling,
     sampling_params,
@@ -127,9 +128,7 @@ class TritonKernels:
         eps: float,
         residual: torch.Tensor | None = None,  # [rows, dim]: residual += x, then its norm
     ) -> torch.Tensor:
-        check_contiguous(x, weight, *(() if residual is None else (residual,)), dtypes=DTYPES)
-        if residual is not None and residual.shape != x.shape:
-            raise KernelError(f"residual {tuple(residual.shape)} for x {tuple(x.shape)}")
+        check_norm(x, weight, residual, DTYPES)
         rows, dim = x.shape
         out = torch.empty_like(x)
         add_rms_norm_kernel[(rows,)](
@@ -149,10 +148,7 @@ class TritonKernels:
     def rotary_(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
         """Rotate x [T, heads, dim] in place (a view whose tokens may be strided)."""
         tokens, heads, dim = x.shape
-        check_heads_packed(x)
-        check_contiguous(cos, sin_signed, like=x, dtypes=DTYPES)
-        if cos.numel() != tokens * dim or sin_signed.numel() != tokens * dim:
-            raise KernelError(f"rotary tables of {cos.numel()} values for {tokens} x {dim}")
+        check_rotary(x, cos, sin_signed, DTYPES)
         rotary_kernel[(tokens,)](
             x, cos, sin_signed, x.stride(0), heads, dim, HEADS=_pow2(heads), HALF=_pow2(dim // 2)
         )

@@ -17,6 +17,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,17 @@ OnDeath = Callable[[ActorDiedError], Awaitable[None]]
 STOP_GRACE = 5.0
 
 
+@dataclass(frozen=True, slots=True)
+class Group:
+    """What one data-parallel group's actors start with."""
+
+    config: EngineConfig
+    eos_token_ids: frozenset[int]
+    progress: bool
+    on_death: OnDeath
+    dp_rank: int
+
+
 async def start_actors(
     nursery: trio.Nursery,
     config: EngineConfig,
@@ -52,43 +64,32 @@ async def start_actors(
     inproc mode): "scheduler" and "worker", or "scheduler-dp0", "worker-dp0"... ."""
     channels: list[Channel] = []
     processes: dict[str, trio.Process] = {}
+    start = _start_tasks if config.mode == "inproc" else _start_processes
     for dp_rank in range(config.data_parallel_size):
-        if config.mode == "inproc":
-            address = await _start_tasks(
-                nursery, config, eos_token_ids, progress, on_death, dp_rank
-            )
-        else:
-            address, spawned = await _start_processes(
-                nursery, config, eos_token_ids, progress, on_death, dp_rank
-            )
-            processes |= spawned
+        group = Group(config, eos_token_ids, progress, on_death, dp_rank)
+        address, spawned = await start(nursery, group)
+        processes |= spawned
         channels.append(Channel.dial(address))
     return channels, processes
 
 
-async def _start_tasks(
-    nursery: trio.Nursery,
-    config: EngineConfig,
-    eos_token_ids: frozenset[int],
-    progress: bool,
-    on_death: OnDeath,
-    dp_rank: int,
-) -> str:
+async def _start_tasks(nursery: trio.Nursery, group: Group) -> tuple[str, dict[str, trio.Process]]:
+    config, dp_rank = group.config, group.dp_rank
     # imported here: a process-mode parent only spawns the actors, never imports them
     from runtime.scheduler.actor import SchedulerActor
     from runtime.worker.actor import WorkerActor
 
     frontend_address, worker_address = inproc_address("frontend"), inproc_address("worker")
-    scheduler = SchedulerActor(config, eos_token_ids, dp_rank)
+    scheduler = SchedulerActor(config, group.eos_token_ids, dp_rank)
     await nursery.start(scheduler.serve, frontend_address, worker_address)  # can be dialed
     store = (
-        _start_rank_threads(nursery, config, on_death, dp_rank)
+        _start_rank_threads(nursery, config, group.on_death, dp_rank)
         if config.tensor_parallel_size > 1
         else None
     )
-    worker = WorkerActor(config, progress, dp_rank, store)
-    nursery.start_soon(_reporting, worker.name, on_death, worker.serve, worker_address)
-    return frontend_address
+    worker = WorkerActor(config, group.progress, dp_rank, store)
+    nursery.start_soon(_reporting, worker.name, group.on_death, worker.serve, worker_address)
+    return frontend_address, {}  # no processes: the actors are tasks
 
 
 async def _reporting(name: str, on_death: OnDeath, run: Callable[..., Awaitable[object]],
@@ -125,13 +126,9 @@ def _start_rank_threads(
 
 
 async def _start_processes(
-    nursery: trio.Nursery,
-    config: EngineConfig,
-    eos_token_ids: frozenset[int],
-    progress: bool,
-    on_death: OnDeath,
-    dp_rank: int,
+    nursery: trio.Nursery, group: Group
 ) -> tuple[str, dict[str, trio.Process]]:
+    config, dp_rank, on_death = group.config, group.dp_rank, group.on_death
     directory = ipc_dir.make()
     nursery.start_soon(_remove_on_exit, directory)
     frontend_address = ipc_address(directory, "frontend")
@@ -139,7 +136,7 @@ async def _start_processes(
     store = f"{directory}/tp.store"  # a FileStore: tensor-parallel ranks meet there
     spec: dict[str, object] = {
         "config": config.to_dict(),
-        "eos_token_ids": sorted(eos_token_ids),
+        "eos_token_ids": sorted(group.eos_token_ids),
         "dp_rank": dp_rank,
     }
     scheduler, worker = (
@@ -157,7 +154,7 @@ async def _start_processes(
             nursery,
             "worker",
             worker,
-            spec | {"dial": worker_address, "progress": progress, "tp_store": store},
+            spec | {"dial": worker_address, "progress": group.progress, "tp_store": store},
             on_death,
         ),
     }

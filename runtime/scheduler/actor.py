@@ -16,43 +16,29 @@ import time
 import trio
 
 from runtime.config.engine import EngineConfig
+from runtime.scheduler import control
 from runtime.scheduler.block_manager import BlockManager
 from runtime.scheduler.pipeline import StepPipeline
 from runtime.scheduler.scheduler import Sample, SampledToken, ScheduledStep, Scheduler
 from runtime.scheduler.sequence import Sequence
 from runtime.tracing import PhaseTrace, actor_name
 from runtime.wire.codec import WireError
+from runtime.wire.control import Control, ControlDone
 from runtime.wire.messages import (
     AddRequest,
-    Configure,
-    ControlDone,
     EngineReady,
-    FlushCache,
-    GetWeights,
-    JoinWeightGroup,
-    LeaveWeightGroup,
     NewSeq,
     OpenSession,
-    Pause,
     Ping,
     Pong,
     Probe,
     Rejected,
-    ReleaseMemory,
     ReleaseTurns,
-    Resume,
-    ResumeMemory,
     SchedulerStats,
-    StartProfile,
     StepOutputs,
     StepPlan,
     StepResult,
-    StopProfile,
     Submit,
-    UpdateWeights,
-    UpdateWeightsFromFile,
-    UpdateWeightsFromGroup,
-    WeightValues,
     WorkerReady,
     WorkerStats,
 )
@@ -74,7 +60,7 @@ class SchedulerActor:
         self.trace = PhaseTrace(
             actor_name("scheduler", dp_rank, config.data_parallel_size)
         )  # while profiling (start_profile)
-        self._relay: list[ControlDone | WeightValues] = []  # the worker's answers: relayed
+        self._relay: list[ControlDone] = []  # the worker's answers: relayed
         self._inbox_changed = trio.Event()
         self._results_send, self._results = trio.open_memory_channel[StepResult](1)
         self._next_seq_id = 0
@@ -143,7 +129,7 @@ class SchedulerActor:
                     self.worker_stats = stats or self.worker_stats
                     self._pongs.append(nonce)
                     self._inbox_changed.set()
-                case ControlDone() | WeightValues():  # the step loop relays it
+                case ControlDone():  # the step loop relays it
                     self._relay.append(msg)
                     self._inbox_changed.set()
                 case _:
@@ -181,30 +167,10 @@ class SchedulerActor:
             relay, self._relay = self._relay, []
             for answer in relay:
                 await frontend.send(answer)
-            if self._pausing and self._pause_took_hold():
+            if self._pausing and control.pause_took_hold(pipeline):
                 pausing, self._pausing = self._pausing, []
                 for nonce in pausing:
                     await frontend.send(ControlDone(nonce, ""))
-
-    def _release_refusal(self, tags: tuple[str, ...]) -> str:
-        """Why memory cannot be released now ("" if it can); with the KV goes the cache."""
-        core = self.pipeline.scheduler
-        if core.running or core.waiting or self.pipeline.in_flight:
-            return (
-                f"cannot release memory while requests run: {len(core.running)} running, "
-                f"{len(core.waiting)} waiting (pause with mode abort or wait first)"
-            )
-        if "kv_cache" in tags:
-            core.flush_cache(allow_open=True)  # only held requests: they hold no blocks
-        return ""
-
-    def _pause_took_hold(self) -> bool:
-        """Nothing in flight and, in mode "wait", nothing admitted before the pause left; or
-        a resume came first."""
-        core = self.pipeline.scheduler
-        if core.pause_mode is None:
-            return True
-        return not self.pipeline.in_flight and (core.pause_mode == "keep" or core.drained)
 
     async def _drain_inbox(self, worker: MessageChannel, frontend: MessageChannel) -> bool:
         """Apply what the frontend sent; True if requests were added or aborted."""
@@ -223,22 +189,15 @@ class SchedulerActor:
                     self._num_aborts += len(aborts)
                 case Ping():
                     await worker.send(msg)
-                case Pause(nonce=nonce, mode=mode):
-                    try:
-                        self.pipeline.scheduler.pause(mode)
-                    except ValueError as exc:
-                        await frontend.send(ControlDone(nonce, str(exc)))
-                    else:
+                case Control(nonce=nonce, op=op):
+                    verdict = control.apply(op, self.pipeline, self.trace)
+                    if verdict.forward:
+                        await worker.send(msg)  # after the steps already sent: in order
+                    elif verdict.when_paused:
                         self._pausing.append(nonce)
-                case StartProfile(nonce=nonce, request=request):
-                    if self.trace.on:
-                        await frontend.send(ControlDone(nonce, "the scheduler is profiling"))
                     else:
-                        self.trace.start(request)
-                        await worker.send(msg)  # the worker answers
-                case StopProfile():
-                    self.trace.stop()  # here, not in a thread: a step may stop it meanwhile
-                    await worker.send(msg)  # the worker answers once its trace is written
+                        await frontend.send(self._outputs_message([]))  # stats show it first
+                        await frontend.send(ControlDone(nonce, verdict.error))
                 case OpenSession(session=session):
                     self.pipeline.scheduler.pins.open.add(session)
                 case ReleaseTurns(session=session, rids=rids, close=close):
@@ -248,39 +207,6 @@ class SchedulerActor:
                     else:
                         pins.release(session, rids)
                     submitted = True  # freed blocks: the frontend's stats are out of date
-                case Configure(nonce=nonce, max_num_seqs=max_num_seqs):
-                    if max_num_seqs < 1:
-                        await frontend.send(ControlDone(nonce, "max_num_seqs must be >= 1"))
-                    else:
-                        self.pipeline.scheduler.max_num_seqs = max_num_seqs
-                        await frontend.send(self._outputs_message([]))  # stats show it first
-                        await frontend.send(ControlDone(nonce, ""))
-                case Resume(nonce=nonce):
-                    self.pipeline.scheduler.resume()
-                    await frontend.send(ControlDone(nonce, ""))
-                case (
-                    UpdateWeights()
-                    | UpdateWeightsFromFile()
-                    | UpdateWeightsFromGroup()
-                    | JoinWeightGroup()
-                    | LeaveWeightGroup()
-                    | GetWeights()
-                    | ResumeMemory()
-                ):
-                    await worker.send(msg)  # after the steps already sent: in order
-                case ReleaseMemory(nonce=nonce, tags=tags):
-                    refusal = self._release_refusal(tags)
-                    if refusal:
-                        await frontend.send(ControlDone(nonce, refusal))
-                    else:
-                        await worker.send(msg)
-                case FlushCache(nonce=nonce, allow_open=allow_open):
-                    try:
-                        self.pipeline.scheduler.flush_cache(allow_open=allow_open)
-                    except ValueError as exc:
-                        await frontend.send(ControlDone(nonce, str(exc)))
-                    else:
-                        await frontend.send(ControlDone(nonce, ""))
                 case _:
                     raise WireError(f"scheduler got an unexpected {type(msg).__name__}")
         return submitted

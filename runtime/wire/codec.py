@@ -133,6 +133,8 @@ def _check_for(tp: Any) -> Check:
         return _check_exact(tp)
     if is_dataclass(tp) and tp in _TAG_OF:
         return _check_message(tp)
+    if isinstance(tp, type) and tp not in _TAG_OF:  # a base class: any of its messages
+        return _check_kind(tp)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         return _check_tuple(args[0])
@@ -174,6 +176,18 @@ def _check_message(cls: type) -> Check:
         if not (type(v) is list and v and v[0] == tag):
             raise WireError(f"{where}: expected {cls.__name__}, got {_show(v)}")
         return _decoder(tag, where)(v, where)
+
+    return check
+
+
+def _check_kind(base: type) -> Check:
+    """A field typed by a base class (e.g. `ControlOp`): any registered message of its kind."""
+
+    def check(v: Any, where: str) -> Any:
+        cls = _CLASS_OF.get(v[0]) if type(v) is list and v and type(v[0]) is int else None
+        if cls is None or not issubclass(cls, base):
+            raise WireError(f"{where}: expected a {base.__name__}, got {_show(v)}")
+        return _decoder(v[0], where)(v, where)
 
     return check
 

@@ -3,19 +3,20 @@
 Hot messages (`StepPlan`, `StepResult`, `StepOutputs`) are columnar: one tuple per field, one
 entry per sequence, so a step costs one message per direction whatever the batch size.
 
-Tags are part of the protocol between processes: never reuse or renumber one. Retired: 13.
-Next free: 52.
+Control ops and their envelope are in `runtime.wire.control`; `ControlDone` answers them.
+
+Tags are part of the protocol between processes: never reuse or renumber one. Retired: 13, 36.
+Next free: 53.
 """
 
 from __future__ import annotations
 
+import runtime.wire.control  # noqa: F401 (registers the control ops with the codec)
 from runtime.config.sampling import SamplingParams
-from runtime.tracing import ProfileRequest
 from runtime.wire.codec import message, register
 from runtime.wire.stats import SchedulerStats, WorkerStats  # fields here; actors import them
 
 register(1)(SamplingParams)
-register(48)(ProfileRequest)
 
 
 @message(2)
@@ -173,133 +174,7 @@ class StepOutputs:
     prompt: tuple[Logprobs | None, ...] = ()
 
 
-# -- control: the frontend steers the engine; each call is answered by one `ControlDone` ------
-
-
-@message(30)
-class Pause:
-    """Frontend → scheduler: hold new requests back; `mode` "keep" also stops computing (KV
-    kept), "wait" lets the admitted ones finish. Answered once that holds: nothing in flight,
-    and for "wait" nothing admitted left."""
-
-    nonce: int
-    mode: str
-
-
-@message(31)
-class Resume:
-    """Frontend → scheduler: go on; held requests start in arrival order. Answered at once."""
-
-    nonce: int
-
-
-@message(33)
-class FlushCache:
-    """Frontend → scheduler: drop the prefix cache; refused while any request is open, unless
-    `allow_open` (after a weight update)."""
-
-    nonce: int
-    allow_open: bool
-
-
-@message(34)
-class UpdateWeights:
-    """Frontend → scheduler → worker: load the checkpoint at `model_path` into fresh tensors,
-    check it against the running model, and swap; the worker answers `ControlDone`. Steps
-    planned after it use the new weights."""
-
-    nonce: int
-    model_path: str
-
-
-@message(35)
-class GetWeights:
-    """Frontend → scheduler → worker: the first `truncate_size` values of a parameter (its
-    checkpoint name or ours), flattened; answered by `WeightValues`."""
-
-    nonce: int
-    name: str
-    truncate_size: int
-
-
-@message(36)
-class WeightValues:
-    """Worker → scheduler → frontend: the answer to `GetWeights` (`error` empty if found)."""
-
-    nonce: int
-    error: str
-    values: tuple[float, ...]
-
-
-@message(37)
-class ReleaseMemory:
-    """Frontend → scheduler → worker: free the KV pool and/or the weights (`tags` among
-    "kv_cache", "weights"). The scheduler refuses while any request runs or waits, and drops
-    its prefix cache with the KV; answered by `ControlDone`."""
-
-    nonce: int
-    tags: tuple[str, ...]
-
-
-@message(38)
-class ResumeMemory:
-    """Frontend → scheduler → worker: bring back what `ReleaseMemory` freed."""
-
-    nonce: int
-    tags: tuple[str, ...]
-
-
-@message(39)
-class JoinWeightGroup:
-    """Frontend → scheduler → worker: join a trainer's torch.distributed world (the trainer
-    is rank 0) as `rank_offset`; answered by `ControlDone` once joined. Steps go on
-    meanwhile."""
-
-    nonce: int
-    group_name: str
-    master_address: str
-    master_port: int
-    rank_offset: int
-    world_size: int
-    backend: str
-
-
-@message(40)
-class UpdateWeightsFromGroup:
-    """Frontend → scheduler → worker: receive one broadcast from rank 0 of the group per named
-    tensor, in order, check them all against the running model, then install them."""
-
-    nonce: int
-    group_name: str
-    names: tuple[str, ...]
-    dtypes: tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]
-
-
-@message(41)
-class LeaveWeightGroup:
-    """Frontend → scheduler → worker: leave a group joined by `JoinWeightGroup`."""
-
-    nonce: int
-    group_name: str
-
-
-@message(42)
-class UpdateWeightsFromFile:
-    """Frontend → scheduler → worker: install the tensors of a safetensors file (some or all
-    of the model's, by name), checked first as `UpdateWeightsFromGroup`'s are."""
-
-    nonce: int
-    path: str
-
-
-@message(43)
-class Configure:
-    """Frontend → scheduler: change the settings that may change live (`set_internal_state`);
-    answered by `ControlDone`."""
-
-    nonce: int
-    max_num_seqs: int
+# -- sessions: kept in order with the requests of their turns ---------------------------
 
 
 @message(44)
@@ -318,30 +193,6 @@ class ReleaseTurns:
     session: str
     rids: tuple[str, ...]
     close: bool
-
-
-@message(46)
-class StartProfile:
-    """Frontend → scheduler → worker: trace each actor's steps (runtime/tracing.py); the
-    worker answers `ControlDone` once recording."""
-
-    nonce: int
-    request: ProfileRequest
-
-
-@message(47)
-class StopProfile:
-    """Frontend → scheduler → worker: stop tracing; answered once every trace is written."""
-
-    nonce: int
-
-
-@message(32)
-class ControlDone:
-    """The answer to a control message: `error` is empty if it succeeded."""
-
-    nonce: int
-    error: str
 
 
 # Tensor-parallel rank 0 → the other ranks of its model, broadcast over their process group

@@ -8,35 +8,24 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
-from safetensors import safe_open
 
 from runtime.checkpoints.model_info import load_model_info, resolve_max_model_len
 from runtime.config.engine import EngineConfig
-from runtime.kernels.select import select_kernels, streamed_linear
-from runtime.layers.basic import pack_linears_for_cpu
+from runtime.kernels.select import select_kernels
 from runtime.layers.parallel import SINGLE, TPGroup, kv_heads_per_rank
-from runtime.models import MODELS
 from runtime.models.llama import ModelArgs
 from runtime.wire.messages import Logprobs, ShardStep, StepPlan
 from runtime.worker.batch_inputs import InputBuilder
 from runtime.worker.decode_graphs import DecodeGraphs
 from runtime.worker.kv_memory import default_kv_cache_memory
-from runtime.worker.loader import (
-    CheckpointError,
-    check_disjoint,
-    check_tensor,
-    find_slot,
-    install_tensors,
-    load_weights,
-)
 from runtime.worker.logits_processors import LogitsProcessors
 from runtime.worker.logprobs import PromptLogprobs, top_logprobs
 from runtime.worker.sampler import SamplingBatch, choose, draw, sample
 from runtime.worker.seq_table import SeqTable, WorkerSeq
+from runtime.worker.served_weights import ModelShape, ServedWeights
 from runtime.worker.tp_group import send_message
 
 
@@ -89,12 +78,13 @@ class ModelRunner:
         self.device = device or torch.device(config.device)
         self.block_size = config.block_size
         args = self.args = ModelArgs.from_hf(self.info.hf_config, self.info.architecture)
-        self.model_path = config.model  # where the served weights came from
         self.kernels = select_kernels(config.attention_backend, self.device, self.info.dtype)
         self.attention_backend = "torch" if self.kernels is None else self.kernels.name
-        self.model: torch.nn.Module | None = self._build_model(config.model, progress)
+        shape = ModelShape(self.info, args, self.max_model_len, tp, self.device, self.kernels)
+        self.weights = ServedWeights(shape, config.model, progress)
+        assert self.weights.model is not None
         workers = config.data_parallel_size * config.tensor_parallel_size
-        parameters = sum(p.numel() for p in self.model.parameters())
+        parameters = sum(p.numel() for p in self.weights.model.parameters())
         torch.set_num_threads(config.num_threads or default_num_threads(workers, parameters))
         self.num_threads = torch.get_num_threads()
         self.num_kv_heads = kv_heads_per_rank(args.num_kv_heads, tp.size)  # this rank's
@@ -133,7 +123,7 @@ class ModelRunner:
     def _graphs(self) -> DecodeGraphs | None:
         """The decode step's CUDA graphs, recaptured once the weights or the KV pool they
         were recorded with are replaced; None where they do not apply."""
-        kernels, model, graphs = self.kernels, self.model, self.decode_graphs
+        kernels, model, graphs = self.kernels, self.weights.model, self.decode_graphs
         if not (
             self.device.type == "cuda"
             and kernels is not None
@@ -161,7 +151,7 @@ class ModelRunner:
         if "kv_cache" in tags:
             self.kv_caches = torch.empty(0, dtype=self.info.dtype, device=self.device)
         if "weights" in tags:
-            self.model = None
+            self.weights.release()
         self.decode_graphs = None  # they hold the weights, the KV pool and their own memory
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -169,90 +159,13 @@ class ModelRunner:
     def resume_memory(self, tags: tuple[str, ...]) -> str:
         """Bring back what `release_memory` freed: a zeroed KV pool, the weights reloaded from
         where they last came from. Returns "" or what went wrong."""
-        if "weights" in tags and self.model is None:
-            try:
-                self.model = self._build_model(self.model_path)
-            except Exception as exc:  # e.g. the checkpoint is gone: the worker carries on
-                return f"{type(exc).__name__}: {exc}"
+        if "weights" in tags:
+            error = self.weights.resume()
+            if error:  # e.g. the checkpoint is gone: the worker carries on
+                return error
         if "kv_cache" in tags and self.kv_caches.numel() == 0:
             self.kv_caches = self._new_kv_caches()
         return ""
-
-    def _build_model(self, model_dir: str, progress: bool = False) -> torch.nn.Module:
-        """Our model, shaped as the served one, with the checkpoint's weights (strictly)."""
-        architecture = MODELS[self.info.architecture]
-        model = architecture(self.args, self.info.hf_config, self.max_model_len, self.tp)
-        model.to(device=self.device, dtype=self.info.dtype)
-        load_weights(model, model_dir, progress=progress)
-        if self.device.type == "cpu":
-            pack_linears_for_cpu(model, streamed_linear(self.kernels))
-        return model.eval()
-
-    def update_weights(self, model_dir: str) -> str:
-        """Serve the weights of `model_dir`: loaded into a fresh model and checked tensor by
-        tensor against the served one's shapes before it takes over. Returns "" or what is
-        wrong, and then the old weights serve on, untouched."""
-        model, error = self.candidate(model_dir)
-        if not error:
-            self.model, self.model_path = model, model_dir
-        return error
-
-    def candidate(self, model_dir: str) -> tuple[torch.nn.Module | None, str]:
-        """The model with the weights of `model_dir`, not serving yet; or what is wrong."""
-        try:
-            return self._build_model(model_dir), ""
-        except Exception as exc:  # a bad path must never stop the worker
-            return None, f"{type(exc).__name__}: {exc}"
-
-    def install_tensors(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
-        """Copy named tensors over the served weights (some or all of them, as a trainer
-        pushes them). Returns "" or what is wrong, and then nothing changed."""
-        if self.model is None:
-            return "the weights are released: resume_memory_occupation first"
-        try:
-            install_tensors(self.model, tensors)
-        except CheckpointError as exc:
-            return str(exc)
-        if self.device.type == "cpu":
-            # the packed copies are of the old weights
-            pack_linears_for_cpu(self.model, streamed_linear(self.kernels))
-        return ""
-
-    def install_file(self, path: str) -> str:
-        """`install_tensors` from a safetensors file."""
-        tensors, error = self.read_file(path)
-        return error or self.install_tensors(tensors)
-
-    def read_file(self, path: str) -> tuple[list[tuple[str, torch.Tensor]], str]:
-        """The named tensors of a safetensors file, or what is wrong with it."""
-        try:
-            with safe_open(path, framework="pt", device=str(self.device)) as f:
-                return [(name, f.get_tensor(name)) for name in f.keys()], ""  # noqa: SIM118
-        except Exception as exc:  # not a safetensors file: the worker carries on
-            return [], f"not a readable safetensors file: {type(exc).__name__}: {exc}"
-
-    def check_tensors(self, specs: Sequence[tuple[str, torch.dtype, tuple[int, ...]]]) -> str:
-        """ "" if tensors of these names, dtypes and shapes would install; else what is wrong."""
-        if self.model is None:
-            return "the weights are released: resume_memory_occupation first"
-        try:
-            slots = [
-                (name, check_tensor(self.model, name, shape, dtype)) for name, dtype, shape in specs
-            ]
-            check_disjoint([(name, slot.dest) for name, slot in slots if slot is not None])
-        except CheckpointError as exc:
-            return str(exc)
-        return ""
-
-    def weight_values(self, name: str, count: int) -> tuple[str, tuple[float, ...]]:
-        """("", the first `count` values of a parameter, flattened) or (what is wrong, ())."""
-        try:
-            if self.model is None:
-                raise KeyError("the weights are released (resume_memory_occupation first)")
-            tensor = find_slot(self.model, name).dest
-        except KeyError as exc:
-            return str(exc.args[0]), ()
-        return "", tuple(tensor.flatten()[:count].float().tolist())
 
     def _num_kv_blocks(self) -> int:
         per_block = self.info.kv_bytes_per_block(self.block_size, self.num_kv_heads)
@@ -283,13 +196,14 @@ class ModelRunner:
             rows = tuple(inputs.logit_rows.tolist())
             send_message(self.tp, ShardStep(plan, *self._sampled, rows))
         prepared = time.perf_counter()
-        assert self.model is not None, "a step while the weights are released"
+        model = self.weights.model
+        assert model is not None, "a step while the weights are released"
         graphs = self._graphs()
         scores_prompts = bool(inputs.prompt_rows)
         if graphs is not None and graphs.fits(inputs.meta, len(inputs.sampled), scores_prompts):
             logits = graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
         else:
-            logits = self.model(
+            logits = model(
                 inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, inputs.logit_rows
             )
         assert logits is not None, "tensor-parallel rank 0 gets the logits"
@@ -335,8 +249,9 @@ class ModelRunner:
         seqs = self.table.apply(step.plan)
         inputs = self.inputs.build(step.plan, seqs)
         rows = torch.tensor(step.logit_rows, dtype=torch.long, device=self.device)
-        assert self.model is not None, "a step while the weights are released"
-        self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, rows)
+        model = self.weights.model
+        assert model is not None, "a step while the weights are released"
+        model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, rows)
         for seq, n in zip(seqs, step.plan.num_tokens, strict=True):
             SeqTable.commit(seq, n, None)
 

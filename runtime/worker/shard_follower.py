@@ -14,16 +14,10 @@ from torch import distributed as dist
 from runtime.config.engine import EngineConfig
 from runtime.layers.parallel import TPGroup
 from runtime.wire.codec import WireError
-from runtime.wire.messages import (
-    GetWeights,
-    ReleaseMemory,
-    ResumeMemory,
-    ShardStep,
-    StopShards,
-    UpdateWeights,
-    UpdateWeightsFromFile,
-)
-from runtime.worker import rank_control, tp_group
+from runtime.wire.control import ControlOp
+from runtime.wire.messages import ShardStep, StopShards
+from runtime.worker import tp_group
+from runtime.worker.control import WorkerControl
 from runtime.worker.model_runner import ModelRunner
 
 
@@ -36,20 +30,15 @@ def follow(config: EngineConfig, tp_rank: int, store: dist.Store | str) -> None:
     stops."""
     runner = start_rank(config, tp_rank, store)
     group = runner.tp
+    control = WorkerControl(runner)
     try:
         while True:
             msg = tp_group.receive_message(group)
             match msg:
                 case ShardStep():
                     runner.follow(msg)
-                case (
-                    UpdateWeights()
-                    | UpdateWeightsFromFile()
-                    | ReleaseMemory()
-                    | ResumeMemory()
-                    | GetWeights()
-                ):
-                    rank_control.apply(runner, msg)  # rank 0 answers for every rank
+                case ControlOp():
+                    control.apply(msg)  # rank 0 answers for every rank
                 case StopShards():
                     return
                 case _:

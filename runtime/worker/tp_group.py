@@ -15,6 +15,7 @@ their length: two broadcasts per step.
 from __future__ import annotations
 
 import contextlib
+import json
 from datetime import timedelta
 
 import torch
@@ -82,7 +83,10 @@ def receive_message(group: TPGroup) -> object:
 def agree(group: TPGroup, error: str) -> str:
     """Roll call: "" if every rank's `error` is "", else the first failed rank's, named.
     Every rank must call it, in the same order (the store keys count the calls). It waits
-    up to LOAD_TIMEOUT: the others may be loading their share of a large checkpoint."""
+    up to LOAD_TIMEOUT: the others may be loading their share of a large checkpoint. With one
+    rank the roll call is that rank's own answer."""
+    if group.size == 1:
+        return error
     group.calls += 1
     key = f"control-{group.calls}"
     if error:
@@ -94,6 +98,31 @@ def agree(group: TPGroup, error: str) -> str:
         return ""
     first = int(failed.nonzero()[0])
     return str(group.store.get(f"{key}-{first}").decode())
+
+
+def gather_shares(
+    group: TPGroup, share: torch.Tensor, start: int
+) -> list[tuple[torch.Tensor, int]] | None:
+    """Every rank's CPU float32 `share` of a tensor, with where it `start`s, on rank 0 (None
+    on the others); each rank must call it. Through the store: small slices, never pickle."""
+    if group.size == 1:
+        return [(share, start)]
+    group.calls += 1
+    key = f"shares-{group.calls}"
+    header = {"start": start, "shape": list(share.shape)}
+    group.store.set(
+        f"{key}-{group.rank}", json.dumps(header).encode() + b"\n" + share.numpy().tobytes()
+    )
+    agree(group, "")  # every share is in the store
+    if group.rank != 0:
+        return None
+    shares = []
+    for rank in range(group.size):
+        head, _, body = group.store.get(f"{key}-{rank}").partition(b"\n")
+        part = json.loads(head)
+        values = torch.frombuffer(bytearray(body), dtype=torch.float32) if body else torch.empty(0)
+        shares.append((values.view(part["shape"]), part["start"]))
+    return shares
 
 
 def smallest(group: TPGroup, value: int) -> int:

@@ -18,6 +18,7 @@ holds them to the torch we pin, with a real trainer process.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from contextlib import suppress
@@ -136,3 +137,67 @@ def leave(group: WeightGroup) -> None:
     if shutdown is not None:
         with suppress(RuntimeError):  # already broken: nothing left to close
             shutdown()
+
+
+class WeightGroups:
+    """The trainers' groups a worker has joined, by name. Joins run in threads of their own
+    while steps go on, so the names are reserved under a lock: a second join of a name that
+    is still joining is refused, as is a use of it before it has joined."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._groups: dict[str, WeightGroup | None] = {}  # None: joining
+        self._lock = threading.Lock()
+
+    def join(
+        self, name: str, address: str, port: int, rank: int, world_size: int, backend: str
+    ) -> str:
+        """Join (blocking until the trainer comes, or GROUP_TIMEOUT); "" or what went wrong."""
+        with self._lock:
+            if name in self._groups:
+                return f"a weight update group named {name!r} exists already"
+            self._groups[name] = None
+        try:
+            group = join(address, port, rank, world_size, backend, self.device)
+        except WeightGroupError as exc:
+            with self._lock:
+                del self._groups[name]
+            return str(exc)
+        with self._lock:
+            self._groups[name] = group
+        return ""
+
+    def joined(self, name: str) -> bool:
+        return self._groups.get(name) is not None
+
+    def receive(
+        self, name: str, specs: list[tuple[str, torch.dtype, tuple[int, ...]]]
+    ) -> tuple[list[tuple[str, torch.Tensor]], str]:
+        """The tensors the trainer broadcasts on joined group `name`, or what went wrong (and
+        then the group is left: it is out of step with the trainer)."""
+        group = self._groups[name]
+        assert group is not None, "joined first"
+        try:
+            return receive(group, specs), ""
+        except WeightGroupError as exc:
+            return [], self.drop(name, str(exc))
+
+    def drop(self, name: str, error: str) -> str:
+        """A failed update leaves the group out of step with the trainer: leave it."""
+        self.leave(name)
+        return f"{error} (the weight update group {name!r} was left: init it again)"
+
+    def leave(self, name: str) -> str:
+        with self._lock:
+            group = self._groups.get(name)
+            if group is None:  # unknown, or still joining
+                return f"no weight update group named {name!r}"
+            del self._groups[name]
+        leave(group)
+        return ""
+
+    def leave_all(self) -> None:
+        with self._lock:
+            groups, self._groups = [g for g in self._groups.values() if g is not None], {}
+        for group in groups:
+            leave(group)

@@ -1,8 +1,11 @@
-"""Steering a live engine: pause and resume, cache flush, weight updates, memory release.
+"""The engine's control part (`engine.control`, a `ControlClient`): pause and resume, cache
+flush, live settings, weight updates, memory release, profiles.
 
 What a reinforcement-learning loop does between rollouts (generate, pause, load the trainer's
-weights, flush stale KV, resume), built on the engine's control messages, which the actors
-answer in order with everything else the engine sent.
+weights, flush stale KV, resume), built on control ops (runtime/wire/control.py) that the
+actors apply in order with everything else the engine sent. Calls that change what runs take
+turns (a lock), so none sees another's half-done state: a resume slipping into a memory
+release, a user's pause into an update.
 """
 
 from __future__ import annotations
@@ -10,74 +13,60 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
+from runtime.frontend.calls import Calls
+from runtime.frontend.open_requests import OpenRequests
+from runtime.frontend.profiling import profile_request
 from runtime.frontend.weight_sources import (
     announcement_problem,
+    group_problem,
+    memory_tags,
     save_safetensors,
     temporary_file,
 )
-from runtime.protocol import EngineDeadError, EngineStats, NamedTensors
-from runtime.wire.messages import (
-    Configure,
-    FlushCache,
-    GetWeights,
-    JoinWeightGroup,
-    LeaveWeightGroup,
-    Pause,
-    ReleaseMemory,
-    Resume,
-    ResumeMemory,
-    UpdateWeights,
-    UpdateWeightsFromFile,
-    UpdateWeightsFromGroup,
-    WeightValues,
-)
+from runtime.protocol import EngineDeadError, NamedTensors
+from runtime.tracing import PhaseTrace, ProfileRequest
+from runtime.wire import control as ops
 
 PAUSE_MODES = ("abort", "wait", "keep")
-MEMORY_TAGS = ("kv_cache", "weights")
 # What set_internal_state may change; SGLang calls max_num_seqs max_running_requests.
 LIVE_SETTINGS = ("max_num_seqs", "max_running_requests")
 MAX_WEIGHT_VALUES = 100_000  # what get_weights_by_name may return: a check, not a download
 
 
-class Controlled(Protocol):
-    """What steering needs of the engine."""
-
-    def abort_all(self) -> None: ...
-
-    def statistics(self) -> EngineStats: ...
-
-    async def control(self, make: Callable[[int], object]) -> None:
-        """Send a control message (made from its nonce); ValueError if it failed."""
-        ...
-
-    async def ask(self, make: Callable[[int], object]) -> object:
-        """Send a message (made from its nonce) and return the actors' answer."""
-        ...
-
-
-class Steering:
-    def __init__(self, engine: Controlled, model_path: str, data_parallel_size: int = 1) -> None:
-        self._engine = engine
+class EngineControl:
+    def __init__(
+        self,
+        calls: Calls,
+        requests: OpenRequests,
+        trace: PhaseTrace,
+        model_path: str,
+        data_parallel_size: int = 1,
+    ) -> None:
+        self._calls = calls
+        self._requests = requests
+        self._trace = trace  # the frontend's own, while profiling
         self._workers = data_parallel_size  # each a rank of a trainer's weight group
-        self._paused = False
-        # Steering calls run one after another, so none sees another's half-done state (a
-        # resume slipping into a memory release, a user's pause into an update).
         self._lock = trio.Lock()
+        self._paused = False
         self.model_path = model_path
         self.weight_version = "default"  # as SGLang names the weights a server started with
         self._checkpoint_version = self.weight_version  # that of the weights at model_path
         self._released: set[str] = set()  # memory given back (release_memory_occupation)
         self._paused_to_sleep = False  # the release paused generation: the resume unpauses
+        self._profiling: ProfileRequest | None = None
+
+    # -- pause, resume, cache, settings ---------------------------------------------------
 
     @property
     def is_paused(self) -> bool:
         return self._paused
 
     async def pause(self, mode: str = "abort") -> None:
+        self._calls.check_alive()
         async with self._lock:
             await self._pause(mode)
 
@@ -99,8 +88,8 @@ class Steering:
             raise ValueError("the engine is already paused")
         self._paused = True
         if mode == "abort":
-            self._engine.abort_all()  # leaves before the pause: their KV is freed first
-        await self._engine.control(lambda nonce: Pause(nonce, "keep" if mode == "abort" else mode))
+            self._requests.abort_all()  # leaves before the pause: their KV is freed first
+        await self._calls.control(ops.Pause("keep" if mode == "abort" else mode))
 
     async def _resume(self) -> None:
         """Continue after `pause` (a no-op if not paused)."""
@@ -110,12 +99,12 @@ class Steering:
                 "resume_memory_occupation first"
             )
         if self._paused:
-            await self._engine.control(Resume)
+            await self._calls.control(ops.Resume())
             self._paused = False
 
     async def flush_cache(self) -> None:
         """Drop the prefix cache; ValueError naming the counts while any request is open."""
-        await self._engine.control(lambda nonce: FlushCache(nonce, False))
+        await self._calls.control(ops.FlushCache(False))
 
     async def set_internal_state(self, settings: Mapping[str, Any]) -> None:
         """Change the settings that may change live (LIVE_SETTINGS); ValueError naming any
@@ -131,7 +120,9 @@ class Steering:
             if type(value) is not int or value < 1:
                 raise ValueError(f"max_num_seqs must be an integer >= 1, not {value!r}")
             async with self._lock:
-                await self._engine.control(lambda nonce: Configure(nonce, value))
+                await self._calls.control(ops.Configure(value))
+
+    # -- weights ----------------------------------------------------------------------------
 
     async def update_weights_from_disk(
         self,
@@ -144,10 +135,7 @@ class Steering:
         """Serve the weights of another checkpoint of the same model: (success, message,
         requests that were open when the update began). See `_update` for the steps."""
         success, message, num_open = await self._update(
-            lambda nonce: UpdateWeights(nonce, model_path),
-            weight_version=weight_version,
-            flush_cache=flush_cache,
-            abort_all_requests=abort_all_requests,
+            ops.UpdateWeights(model_path), weight_version, flush_cache, abort_all_requests
         )
         if success:
             self.model_path = model_path
@@ -165,28 +153,19 @@ class Steering:
         tensors, or a safetensors file's path. They reach the worker as a safetensors file,
         never pickled."""
         if isinstance(tensors, Path):
-            return await self.update_weights_from_file(
-                str(tensors), weight_version=weight_version, flush_cache=flush_cache
-            )
+            return await self._install_file(str(tensors), weight_version, flush_cache)
         with temporary_file(".safetensors") as path:
             try:
                 await trio.to_thread.run_sync(save_safetensors, tensors, path)
             except (TypeError, ValueError, AttributeError) as exc:  # not tensors by name
                 return False, f"Failed to update weights: {type(exc).__name__}: {exc}"
-            return await self.update_weights_from_file(
-                path, weight_version=weight_version, flush_cache=flush_cache
-            )
+            return await self._install_file(path, weight_version, flush_cache)
 
-    async def update_weights_from_file(
-        self, path: str, *, weight_version: str | None = None, flush_cache: bool = True
+    async def _install_file(
+        self, path: str, weight_version: str | None, flush_cache: bool
     ) -> tuple[bool, str]:
-        """Install the tensors of a safetensors file (some or all of the model's, by
-        checkpoint name): update_weights_from_tensor's worker side."""
-        success, message, _ = await self._update(
-            lambda nonce: UpdateWeightsFromFile(nonce, path),
-            weight_version=weight_version,
-            flush_cache=flush_cache,
-        )
+        op = ops.UpdateWeightsFromFile(path)
+        success, message, _ = await self._update(op, weight_version, flush_cache)
         return success, message
 
     async def init_weights_update_group(
@@ -199,21 +178,17 @@ class Steering:
         backend: str | None = None,
     ) -> tuple[bool, str]:
         """Join a trainer's torch.distributed world (the trainer is rank 0) as `rank_offset`;
-        returns once joined. Generation, and other steering calls, go on meanwhile: a
-        trainer that never comes holds nothing up (the join fails after GROUP_TIMEOUT).
-        With data parallelism, group g's worker is rank `rank_offset + g`."""
-        last = rank_offset + self._workers - 1
-        if not (1 <= master_port <= 65535 and 1 <= rank_offset <= last < world_size <= 65536):
-            return False, (
-                "Failed to init the weight update group: need 1 <= master_port <= 65535 and "
-                "1 <= rank_offset, rank_offset + data_parallel_size - 1 < world_size <= "
-                f"65536, got {master_port}, {rank_offset}, {world_size}"
-            )
-        join = lambda nonce: JoinWeightGroup(  # noqa: E731
-            nonce, group_name, master_address, master_port, rank_offset, world_size, backend or ""
+        returns once joined. Generation, and other control calls, go on meanwhile: a trainer
+        that never comes holds nothing up (the join fails after GROUP_TIMEOUT). With data
+        parallelism, group g's worker is rank `rank_offset + g`."""
+        problem = group_problem(master_port, rank_offset, world_size, self._workers)
+        if problem:
+            return False, f"Failed to init the weight update group: {problem}"
+        join = ops.JoinWeightGroup(
+            group_name, master_address, master_port, rank_offset, world_size, backend or ""
         )
         try:
-            await self._engine.control(join)
+            await self._calls.control(join)
         except ValueError as exc:
             return False, f"Failed to init the weight update group: {exc}"
         return True, "Succeeded to init the weight update group."
@@ -238,30 +213,22 @@ class Steering:
         of it.
         """
         problem = announcement_problem(names, dtypes, shapes)
-        delivered = False
+        op = ops.UpdateWeightsFromGroup(
+            group_name, tuple(names), tuple(dtypes), tuple([tuple(s) for s in shapes])
+        )
+        success, answer, delivered = False, f"Failed to update weights: {problem}", False
 
-        def message(nonce: int) -> UpdateWeightsFromGroup:
+        def queued() -> None:
             nonlocal delivered
-            delivered = True  # queued: the worker will receive, or leave the group itself
-            return UpdateWeightsFromGroup(
-                nonce,
-                group_name,
-                tuple(names),
-                tuple(dtypes),
-                tuple([tuple(shape) for shape in shapes]),
-            )
+            delivered = True  # the worker will receive, or leave the group itself
 
-        success, answer = False, f"Failed to update weights: {problem}"
         try:
             if not problem:
                 success, answer, _ = await self._update(
-                    message,
-                    weight_version=weight_version,
-                    flush_cache=flush_cache,
-                    abort_all_requests=abort_all_requests,
+                    op, weight_version, flush_cache, abort_all_requests, queued
                 )
         finally:
-            if not delivered:
+            if not delivered:  # the worker will not receive: the trainer's sends are stray
                 with trio.CancelScope(shield=True):
                     await self.leave_weights_update_group(group_name)
         if not delivered:
@@ -271,47 +238,47 @@ class Steering:
     async def leave_weights_update_group(self, group_name: str) -> None:
         """Leave a group if joined; nothing if not (or if the engine is gone)."""
         with contextlib.suppress(ValueError, EngineDeadError):
-            await self._engine.control(lambda nonce: LeaveWeightGroup(nonce, group_name))
+            await self._calls.control(ops.LeaveWeightGroup(group_name))
 
     async def destroy_weights_update_group(self, group_name: str) -> tuple[bool, str]:
         async with self._lock:
             try:
-                await self._engine.control(lambda nonce: LeaveWeightGroup(nonce, group_name))
+                await self._calls.control(ops.LeaveWeightGroup(group_name))
             except ValueError as exc:
                 return False, f"Failed to destroy the weight update group: {exc}"
         return True, "Succeeded to destroy the weight update group."
 
     async def _update(
         self,
-        make: Callable[[int], object],
-        *,
+        op: ops.ControlOp,
         weight_version: str | None,
         flush_cache: bool,
         abort_all_requests: bool = False,
+        queued: Callable[[], None] = lambda: None,
     ) -> tuple[bool, str, int]:
         """Change the weights the worker serves: (success, message, requests that were open
-        when the update began).
+        when the update began); `queued` is called once `op` is on its way.
 
         Not paused: new requests wait while open ones finish (or are aborted, with
         `abort_all_requests`), the weights change, then everything resumes. Paused: at once.
         The worker checks every tensor before any changes; on a failure the old weights serve
         on. The prefix cache is flushed unless told not to (its KV is the old weights').
-        Steering calls run one after another, and a caller that leaves does not stop an
-        update midway.
+        Control calls take turns, and a caller that leaves does not stop an update midway.
         """
         async with self._lock:
             if "weights" in self._released:
                 return False, "the weights are released: resume_memory_occupation first", 0
-            num_open = self._engine.statistics().frontend.num_requests_open
+            num_open = len(self._requests)
             with trio.CancelScope(shield=True):
                 pausing = not self._paused
                 if pausing:
                     await self._pause("abort" if abort_all_requests else "wait")
                 try:
-                    await self._engine.control(make)
+                    queued()
+                    await self._calls.control(op)
                     self.weight_version = weight_version or self.weight_version
                     if flush_cache:  # before anyone resumes: held requests must not match it
-                        await self._engine.control(lambda nonce: FlushCache(nonce, True))
+                        await self._calls.control(ops.FlushCache(True))
                 except ValueError as exc:
                     return False, f"Failed to update weights: {exc}", num_open
                 finally:
@@ -325,13 +292,9 @@ class Steering:
         ValueError if there is no such parameter."""
         if not 1 <= truncate_size <= MAX_WEIGHT_VALUES:
             raise ValueError(f"truncate_size must be in [1, {MAX_WEIGHT_VALUES}]")
-        answer = await self._engine.ask(lambda nonce: GetWeights(nonce, name, truncate_size))
-        assert isinstance(answer, WeightValues)
-        if answer.error:
-            raise ValueError(answer.error)
-        return list(answer.values)
+        return list(await self._calls.control(ops.GetWeights(name, truncate_size)))
 
-    # -- memory ------------------------------------------------------------------------
+    # -- memory -----------------------------------------------------------------------------
 
     @property
     def is_sleeping(self) -> bool:
@@ -342,13 +305,13 @@ class Steering:
         memory is returned before this returns. Only while no request runs or waits: pause
         first if any do. Generation stays paused (new requests wait) until
         `resume_memory_occupation` has brought everything back."""
-        wanted = _memory_tags(tags)
+        wanted = memory_tags(tags)
         async with self._lock:
             if not self._paused:
                 await self._pause("keep")  # holds new requests; nothing in flight after it
                 self._paused_to_sleep = True
             try:
-                await self._engine.control(lambda nonce: ReleaseMemory(nonce, wanted))
+                await self._calls.control(ops.ReleaseMemory(wanted))
             except ValueError:
                 if self._paused_to_sleep and not self._released:
                     self._paused_to_sleep = False
@@ -360,9 +323,9 @@ class Steering:
         """Bring back what `release_memory_occupation` freed (default both): a fresh KV pool,
         the weights reloaded from their last source. ValueError if that fails."""
         async with self._lock:
-            wanted = tuple(t for t in _memory_tags(tags) if t in self._released)
+            wanted = tuple(t for t in memory_tags(tags) if t in self._released)
             if wanted:
-                await self._engine.control(lambda nonce: ResumeMemory(nonce, wanted))
+                await self._calls.control(ops.ResumeMemory(wanted))
                 self._released.difference_update(wanted)
                 if "weights" in wanted:  # reloaded from model_path: tensor updates are gone
                     self.weight_version = self._checkpoint_version
@@ -370,11 +333,44 @@ class Steering:
                 self._paused_to_sleep = False
                 await self._resume()
 
+    # -- profiles ---------------------------------------------------------------------------
 
-def _memory_tags(tags: list[str] | None) -> tuple[str, ...]:
-    if tags is None:
-        return MEMORY_TAGS
-    unknown = sorted(set(tags) - set(MEMORY_TAGS))
-    if unknown or not tags:
-        raise ValueError(f"tags must be among {', '.join(MEMORY_TAGS)}, got {tags!r}")
-    return tuple(t for t in MEMORY_TAGS if t in tags)
+    @property
+    def is_profiling(self) -> bool:
+        """A profile runs (one with `num_steps` ends by itself)."""
+        request = self._profiling
+        return request is not None and (self._trace.on or not request.num_steps)
+
+    async def start_profile(self, output_dir: str, num_steps: int | None = None,
+                            activities: Sequence[str] = ("CPU",), record_shapes: bool = False,
+                            with_stack: bool = False) -> None:  # fmt: skip
+        """Trace every actor's steps into `output_dir` until `stop_profile`, or for
+        `num_steps` steps; ValueError if a profile runs or the folder cannot be made."""
+        if self.is_profiling:
+            raise ValueError("a profile is running: stop_profile first")
+        request = profile_request(output_dir, num_steps, activities, record_shapes, with_stack)
+        try:
+            await trio.Path(output_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"cannot write profiles to {output_dir}: {exc}") from None
+        self._profiling = request
+        self._trace.start(request)
+        with trio.CancelScope(shield=True):  # the actors start whether the caller waits or not
+            try:
+                await self._calls.control(ops.StartProfile(request))
+            except ValueError:  # an actor refused: every actor stops again
+                self._profiling = None
+                self._trace.discard()
+                with contextlib.suppress(ValueError):
+                    await self._calls.control(ops.StopProfile())
+                raise
+
+    async def stop_profile(self) -> None:
+        """Stop profiling; once it returns, every actor's trace file is written."""
+        if not self.is_profiling:
+            raise ValueError("no profile is running")
+        self._profiling = None
+        problem = self._trace.stop()
+        await self._calls.control(ops.StopProfile())  # ValueError if an actor could not write
+        if problem:
+            raise ValueError(problem)
