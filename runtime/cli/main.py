@@ -21,6 +21,7 @@ import trio
 from runtime.cli.parser import build_parser
 from runtime.config.engine import EngineConfig, parse_size
 from runtime.processes import ipc_dir
+from runtime.processes.actor_main import LOG_FORMAT
 
 logger = logging.getLogger("runtime")
 
@@ -43,9 +44,7 @@ def main(argv: list[str] | None = None) -> None:
         from runtime.cli.replay import main as replay_main
 
         sys.exit(replay_main(args.dump, args.url, args.speed, args.api_key))
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     logging.getLogger("runtime.hypercorn").setLevel(logging.WARNING)
     try:
         if args.max_open_requests < 1:
