@@ -14,7 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     serve.add_argument("--model", help="Hugging Face checkpoint directory (default: built-in)")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    serve.add_argument("--port", type=port, default=8000, help="0 picks a free port")
     serve.add_argument("--served-model-name", help="the model name clients use")
     serve.add_argument("--max-num-seqs", type=int, default=128)
     serve.add_argument(
@@ -190,6 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3", "llama-80m"])
     make.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, not {text}")
+    return value
 
 
 def positive(kind: type[int] | type[float]) -> Callable[[str], float]:
