@@ -19,7 +19,7 @@ from pathlib import Path
 
 import trio
 
-from runtime.cli.parser import build_parser
+from runtime.cli.parser import api_key, build_parser
 from runtime.config.engine import EngineConfig, parse_size
 from runtime.processes import ipc_dir
 from runtime.processes.actor_main import LOG_FORMAT
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "replay":
         from runtime.cli.replay import main as replay_main
 
-        sys.exit(replay_main(args.dump, args.url, args.speed, args.api_key))
+        sys.exit(replay_main(args))
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     logging.getLogger("runtime.hypercorn").setLevel(logging.WARNING)
     sockets = bind_or_exit(args.host, args.port)
@@ -105,20 +105,6 @@ def raise_open_file_limit(connections: int) -> None:
             connections,
             target,
         )
-
-
-def api_key(args: argparse.Namespace) -> str | None:
-    """The key from --api-key-file, --api-key or $RUNTIME_API_KEY. An empty one is an error:
-    it would protect nothing, or lock everyone out."""
-    key = args.api_key
-    if args.api_key_file is not None:
-        try:
-            key = args.api_key_file.read_text().strip()
-        except OSError as exc:
-            raise ValueError(f"--api-key-file: {exc}") from None
-    if key is not None and not key.strip():
-        raise ValueError("the API key (--api-key-file, --api-key or RUNTIME_API_KEY) is empty")
-    return key
 
 
 def check_device(device: str) -> None:

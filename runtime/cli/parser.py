@@ -110,9 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         "requests get 503; one that has all its output, waiting for its reader, does not count",
     )
     serve.add_argument(
-        "--api-key",
-        default=os.environ.get("RUNTIME_API_KEY"),
-        help="require `Authorization: Bearer KEY` (default: $RUNTIME_API_KEY)",
+        "--api-key", help="require `Authorization: Bearer KEY` (default: $RUNTIME_API_KEY)"
     )
     serve.add_argument(
         "--api-key-file", type=Path, help="read the key from this file (it stays out of `ps`)"
@@ -184,7 +182,18 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("dump", help="a dump file, or a folder of them (--dump-requests-folder)")
     replay.add_argument("--url", default="http://127.0.0.1:8000")
     replay.add_argument("--speed", type=positive(float), default=1.0, help="2: twice as fast")
-    replay.add_argument("--api-key", default=os.environ.get("RUNTIME_API_KEY"))
+    replay.add_argument(
+        "--max-wait",
+        type=non_negative,
+        default=30.0,
+        help="seconds at most between two requests, however far apart the dump has them",
+    )
+    replay.add_argument(
+        "--api-key", help="send `Authorization: Bearer KEY` (default: $RUNTIME_API_KEY)"
+    )
+    replay.add_argument(
+        "--api-key-file", type=Path, help="read the key from this file (it stays out of `ps`)"
+    )
     make = commands.add_parser("make-model", help="write a tiny deterministic test checkpoint")
     make.add_argument("out_dir", type=Path)
     make.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3", "llama-80m"])
@@ -199,6 +208,13 @@ def port(text: str) -> int:
     return value
 
 
+def non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
+
+
 def positive(kind: type[int] | type[float]) -> Callable[[str], float]:
     def parse(text: str) -> float:
         value = kind(text)
@@ -207,3 +223,17 @@ def positive(kind: type[int] | type[float]) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """The key from --api-key-file, --api-key or $RUNTIME_API_KEY. An empty one is an error:
+    it would protect nothing, or lock everyone out."""
+    key = args.api_key if args.api_key is not None else os.environ.get("RUNTIME_API_KEY")
+    if args.api_key_file is not None:
+        try:
+            key = args.api_key_file.read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"--api-key-file: {exc}") from None
+    if key is not None and not key.strip():
+        raise ValueError("the API key (--api-key-file, --api-key or RUNTIME_API_KEY) is empty")
+    return key
