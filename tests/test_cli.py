@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import resource
 import socket
 import subprocess
@@ -152,3 +153,29 @@ def test_a_port_taken_while_the_engine_loaded_is_a_clear_error() -> None:
     finally:
         for sock in first + second:
             sock.close()
+
+
+def test_every_option_has_a_line_of_help_and_shows_its_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")  # no wrapping: each option's help on its line
+    monkeypatch.setenv("RUNTIME_API_KEY", "s3cret-from-the-environment")
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(commands.choices) == {"serve", "replay", "make-model"}
+    for name, command in commands.choices.items():
+        text = command.format_help()
+        assert "s3cret" not in text  # a key from the environment is not a default to show
+        for action in command._actions:
+            assert action.help, f"runtime {name} {action.dest} has no help"
+            shown = action.default not in (None, False, argparse.SUPPRESS)
+            line = action.help + (f" (default: {action.default})" if shown else "")
+            assert line in text, f"runtime {name}: {line!r} not in its --help"
+
+
+def test_serve_help_shows_the_defaults() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime.cli.main", "serve", "--help"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "0 picks a free port (default: 8000)" in " ".join(done.stdout.split())
