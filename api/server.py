@@ -12,6 +12,8 @@ hard-exit watchdog (`runtime.cli.main`).
 from __future__ import annotations
 
 import logging
+import socket
+from collections.abc import Sequence
 
 import trio
 from hypercorn.config import Config
@@ -38,9 +40,11 @@ async def serve(
     shutdown: trio.Event,
     drain_timeout: float = 30.0,
     limits: ConnectionLimits = DEFAULT_LIMITS,
+    sockets: Sequence[socket.socket] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until `shutdown` is set, then drain. `started()` reports the bound URLs."""
+    """Serve until `shutdown` is set, then drain. `started()` reports the bound URLs.
+    `sockets`: bound beforehand (`bind_tcp(host, port)`, before the engine loads)."""
     app = create_app(engine, settings)
     config = Config()
     config.graceful_timeout = drain_timeout + 2 * FLUSH_GRACE  # our drain ends sooner
@@ -59,6 +63,7 @@ async def serve(
             host=host,
             port=port,
             shutdown_trigger=shutdown.wait,
+            sockets=sockets,
             task_status=task_status,
         )
         server_done.set()

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import io
+import logging
+import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,9 +14,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from runtime.checkpoints.model_info import load_model_info
 from runtime.checkpoints.random_model import make_tiny_model
 from runtime.config.engine import EngineConfig
-from runtime.worker.loader import CheckpointError
+from runtime.layers.parallel import TPGroup
+from runtime.models import MODELS
+from runtime.models.llama import ModelArgs
+from runtime.worker.loader import CheckpointError, load_weights
 from runtime.worker.model_runner import ModelRunner
 
 
@@ -87,3 +95,28 @@ def test_tied_embeddings_share_one_tensor(model_dirs: dict[str, Path]) -> None:
     runner = ModelRunner(EngineConfig(model=str(model_dirs["qwen2"]), mode="inproc"))
     model = runner.weights.model
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+class Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_the_weights_bar_is_drawn_only_on_a_terminal(
+    llama_dir: Path, tty: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A log file gets one line, never a bar's carriage-return frames."""
+    info = load_model_info(EngineConfig(model=str(llama_dir), dtype="float32"))
+    model = MODELS[info.architecture](ModelArgs.from_hf(info.hf_config, info.architecture),
+                                      info.hf_config, 64, TPGroup())  # fmt: skip
+    stderr = Stream(tty)
+    monkeypatch.setattr(sys, "stderr", stderr)
+    with caplog.at_level(logging.INFO, "runtime.worker.loader"):
+        load_weights(model, llama_dir, progress=True)
+    assert ("\r" in stderr.getvalue()) == tty
+    assert re.search(rf"loaded \d+ tensors from {re.escape(str(llama_dir))} in", caplog.text)

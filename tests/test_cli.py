@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import resource
+import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from api.http.connections import AddressError, bind_tcp, listen
 from runtime.cli.main import api_key, build_parser, engine_config, main, raise_open_file_limit
 from runtime.config.engine import EngineConfig
 from runtime.worker.kv_memory import default_kv_cache_memory
@@ -118,3 +123,59 @@ def test_a_device_torch_cannot_use_is_refused_before_any_actor_starts(
         main(["serve", "--device", device, "--port", "0"])
     assert exit_info.value.code == 2
     assert f"--device {device!r}" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_one_line_before_anything_loads() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "runtime.cli.main", "serve", "--port", str(port)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 2
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr  # no traceback, nothing loaded (not even the model)
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in lines[0]
+
+
+def test_a_port_taken_while_the_engine_loaded_is_a_clear_error() -> None:
+    """Two servers that start at once on one port both bind it (SO_REUSEADDR); the one that
+    listens second learns it only then, and says so in the same words."""
+    first = bind_tcp("127.0.0.1", 0)
+    port = first[0].getsockname()[1]
+    second = bind_tcp("127.0.0.1", port)
+    try:
+        listen(first, 8)
+        with pytest.raises(AddressError, match=f"127.0.0.1:{port}: Address already in use"):
+            listen(second, 8)
+    finally:
+        for sock in first + second:
+            sock.close()
+
+
+def test_every_option_has_a_line_of_help_and_shows_its_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")  # no wrapping: each option's help on its line
+    monkeypatch.setenv("RUNTIME_API_KEY", "s3cret-from-the-environment")
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(commands.choices) == {"serve", "replay", "make-model"}
+    for name, command in commands.choices.items():
+        text = command.format_help()
+        assert "s3cret" not in text  # a key from the environment is not a default to show
+        for action in command._actions:
+            assert action.help, f"runtime {name} {action.dest} has no help"
+            shown = action.default not in (None, False, argparse.SUPPRESS)
+            line = action.help + (f" (default: {action.default})" if shown else "")
+            assert line in text, f"runtime {name}: {line!r} not in its --help"
+
+
+def test_serve_help_shows_the_defaults() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime.cli.main", "serve", "--help"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "0 picks a free port (default: 8000)" in " ".join(done.stdout.split())

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig
 
-from runtime.kernels.cpu import FLAGS, SOURCES, CpuKernels, KernelError, load_cpu_kernels
+from runtime.kernels.cpu import CpuKernels, KernelError, load_cpu_kernels
+from runtime.kernels.cpu_build import FLAGS, SOURCES
 from runtime.layers.basic import STREAMED_ROWS, Linear, RMSNorm
 from runtime.layers.rotary import RotaryEmbedding, apply_rope_
 from runtime.worker.sampler import choose, make_sampling_batch

@@ -1,7 +1,9 @@
-"""Loads, server info, live settings and the generating health check on a real server."""
+"""Loads, server info, live settings, the generating health check and the log of a real
+server."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 import trio
 
 from api.client import APIStatusError, Client
+from runtime.kernels.cpu import load_cpu_kernels
 from tests.server_process import ServerProcess
 
 LONG = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 150, "ignore_eos": True}}
@@ -17,9 +20,20 @@ LONG = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 150, "igno
 
 @pytest.fixture(scope="module")
 def server(llama_dir: Path) -> Iterator[ServerProcess]:
+    load_cpu_kernels()  # built by now, if no earlier test did: the worker must find them
     proc = ServerProcess(llama_dir, "--dtype", "float32", "--enable-control-api")
     yield proc
     proc.terminate()
+
+
+def test_the_log_is_lines_from_every_process_and_the_kernels_are_not_rebuilt(
+    server: ServerProcess,
+) -> None:
+    """Logged to a file (here a pipe): no progress-bar frames, the worker process's lines too,
+    and no compiling where this machine has built the CPU kernels already."""
+    assert "Loading weights" not in server.log  # tqdm's frames (their \r reads as a newline here)
+    assert re.search(r"INFO runtime\.worker\.loader: loaded \d+ tensors from", server.log)
+    assert "compiling the CPU kernels" not in server.log
 
 
 def requests_served(server: ServerProcess) -> float:

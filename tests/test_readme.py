@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
+import re
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,3 +21,27 @@ def test_ci_runs_the_readme_test_command() -> None:
 def test_readme_serve_command_installs_torch_first() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "pip install torch==2.13.0 -e . && runtime serve" in readme
+
+
+def test_readme_examples_need_only_what_its_install_installs() -> None:
+    """Every module README's Python imports is ours or a main dependency's (`pip install -e .`
+    installs no dev extra)."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+    imported = {name.split(".")[0] for block in blocks for name in imports(block)}
+    assert "openai" in imported
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    installed = {re.split(r"[<>=!~\[ ;]", spec)[0].lower() for spec in project["dependencies"]}
+    providers = importlib.metadata.packages_distributions()
+    for module in imported - {"runtime", "api"}:
+        assert any(d.lower() in installed for d in providers.get(module, [])), module
+
+
+def imports(code: str) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+    return names

@@ -19,9 +19,11 @@ covers what we rely on.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
-from collections.abc import Awaitable, Callable
+import socket
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -45,6 +47,10 @@ MAX_REFUSING = 64
 # A send is cut into pieces of this size, each with its own deadline: the timeout is for a
 # client that takes nothing, not for a slow one that reads a large answer steadily.
 SEND_PIECE = 64 * 1024
+
+
+class AddressError(ValueError):
+    """The server's address cannot be bound or listened on (in use, not ours, unknown)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +80,12 @@ async def serve_http(
     host: str,
     port: int,
     shutdown_trigger: Callable[[], Awaitable[None]],
+    sockets: Sequence[socket.socket] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the ASGI `app` until `shutdown_trigger` returns, then give open connections
-    `config.graceful_timeout` to finish. `started()` reports the bound URLs."""
+    `config.graceful_timeout` to finish. `started()` reports the bound URLs. `sockets`: bound
+    beforehand by `bind_tcp(host, port)`; by default, bound here."""
     config.keep_alive_timeout = limits.keep_alive_timeout
     wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
     lifespan = Lifespan(wrapped, config, {})
@@ -85,7 +93,9 @@ async def serve_http(
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
-        listeners = await trio.open_tcp_listeners(port, host=host, backlog=config.backlog)
+        if sockets is None:
+            sockets = await trio.to_thread.run_sync(bind_tcp, host, port)
+        listeners = listen(sockets, config.backlog)
         async with trio.open_nursery() as connections:
             handler = partial(_connection, wrapped, config, context, limits, stats)
             async with trio.open_nursery() as accepting:
@@ -99,6 +109,49 @@ async def serve_http(
             connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
+
+
+def bind_tcp(host: str, port: int) -> list[socket.socket]:
+    """Sockets bound to every address `host` resolves to, not yet listening: a server binds
+    before it loads anything, so that an address in use is found at once, and connections
+    are refused (not queued) until it serves. Options as trio.open_tcp_listeners sets them."""
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise AddressError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in addresses:
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAITs
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        raise _address_error(host, port, exc) from None
+    return sockets
+
+
+def listen(sockets: Sequence[socket.socket], backlog: int) -> list[trio.SocketListener]:
+    """Start listening on sockets from `bind_tcp` (a server that bound the same port while
+    we loaded, and listened first, makes this fail)."""
+    for sock in sockets:
+        try:
+            sock.listen(backlog)
+        except OSError as exc:
+            host, port = sock.getsockname()[:2]
+            raise _address_error(host, port, exc) from None
+    return [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
+
+
+def _address_error(host: str, port: int, exc: OSError) -> AddressError:
+    hint = ""
+    if exc.errno == errno.EADDRINUSE:
+        hint = " (another server?): stop it, or choose another port (0 picks a free one)"
+    return AddressError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}")
 
 
 def _url(listener: trio.SocketListener) -> str:

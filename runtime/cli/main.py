@@ -9,6 +9,7 @@ import math
 import os
 import resource
 import signal
+import socket
 import sys
 import threading
 from collections.abc import AsyncIterator
@@ -18,9 +19,10 @@ from pathlib import Path
 
 import trio
 
-from runtime.cli.parser import build_parser
+from runtime.cli.parser import api_key, build_parser
 from runtime.config.engine import EngineConfig, parse_size
 from runtime.processes import ipc_dir
+from runtime.processes.actor_main import LOG_FORMAT
 
 logger = logging.getLogger("runtime")
 
@@ -42,11 +44,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "replay":
         from runtime.cli.replay import main as replay_main
 
-        sys.exit(replay_main(args.dump, args.url, args.speed, args.api_key))
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+        sys.exit(replay_main(args))
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     logging.getLogger("runtime.hypercorn").setLevel(logging.WARNING)
+    sockets = bind_or_exit(args.host, args.port)
     try:
         if args.max_open_requests < 1:
             raise ValueError("--max-open-requests must be at least 1")
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         parser.error(str(exc))
     try:
-        trio.run(serve_main, args, config)
+        trio.run(serve_main, args, config, sockets)
     except* (ValueError, FileNotFoundError) as group:
         for error in leaf_exceptions(group):
             logger.debug("startup failed", exc_info=error)
@@ -68,6 +69,18 @@ def main(argv: list[str] | None = None) -> None:
         for failure in leaf_exceptions(failures):
             logger.error("the server stopped: %r", failure, exc_info=failure)
         sys.exit(1)
+
+
+def bind_or_exit(host: str, port: int) -> list[socket.socket]:
+    """The server's address, bound before anything loads: if it cannot be (a port in use),
+    one line and exit 2, rather than a traceback once the model has loaded."""
+    from api.http.connections import AddressError, bind_tcp
+
+    try:
+        return bind_tcp(host, port)
+    except AddressError as exc:
+        logger.error("%s", exc)
+        sys.exit(2)
 
 
 def leaf_exceptions(error: BaseException) -> list[BaseException]:
@@ -92,20 +105,6 @@ def raise_open_file_limit(connections: int) -> None:
             connections,
             target,
         )
-
-
-def api_key(args: argparse.Namespace) -> str | None:
-    """The key from --api-key-file, --api-key or $RUNTIME_API_KEY. An empty one is an error:
-    it would protect nothing, or lock everyone out."""
-    key = args.api_key
-    if args.api_key_file is not None:
-        try:
-            key = args.api_key_file.read_text().strip()
-        except OSError as exc:
-            raise ValueError(f"--api-key-file: {exc}") from None
-    if key is not None and not key.strip():
-        raise ValueError("the API key (--api-key-file, --api-key or RUNTIME_API_KEY) is empty")
-    return key
 
 
 def check_device(device: str) -> None:
@@ -154,15 +153,22 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     )
 
 
-async def serve_main(args: argparse.Namespace, config: EngineConfig) -> None:
+async def serve_main(
+    args: argparse.Namespace, config: EngineConfig, sockets: list[socket.socket]
+) -> None:
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch_signals, shutdown, args.drain_timeout)
-        await run_server(args, config, shutdown)
+        await run_server(args, config, shutdown, sockets)
         nursery.cancel_scope.cancel()  # stop watching signals
 
 
-async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: trio.Event) -> None:
+async def run_server(
+    args: argparse.Namespace,
+    config: EngineConfig,
+    shutdown: trio.Event,
+    sockets: list[socket.socket],
+) -> None:
     """Start the engine, serve until `shutdown`, drain. A signal during startup cancels it."""
     from api.http.connections import ConnectionLimits
     from api.http.request_log import LogConfig
@@ -216,6 +222,7 @@ async def run_server(args: argparse.Namespace, config: EngineConfig, shutdown: t
                         host=args.host,
                         port=args.port,
                         shutdown=shutdown,
+                        sockets=sockets,
                         drain_timeout=args.drain_timeout,
                         limits=ConnectionLimits(
                             max_connections=args.max_connections,

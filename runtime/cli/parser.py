@@ -5,18 +5,34 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, except where there is none to show: an
+    unset option (its help says what that means) or a flag, which is off."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="runtime", description="An LLM serving runtime on trio.")
+    parser = argparse.ArgumentParser(
+        prog="runtime", description="An LLM serving runtime on trio.", formatter_class=HelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    command = partial(commands.add_parser, formatter_class=HelpFormatter)  # not inherited
+    serve = command("serve", help="serve a model over an OpenAI-compatible HTTP API")
     serve.add_argument("--model", help="Hugging Face checkpoint directory (default: built-in)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=port, default=8000, help="0 picks a free port")
     serve.add_argument("--served-model-name", help="the model name clients use")
-    serve.add_argument("--max-num-seqs", type=int, default=128)
+    serve.add_argument(
+        "--max-num-seqs", type=int, default=128, help="sequences running at once in a step"
+    )
     serve.add_argument(
         "--max-num-batched-tokens",
         type=int,
@@ -27,33 +43,36 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--kv-cache-memory",
         default="0",
-        help="KV pool size, e.g. 2GiB (default: 256MiB on CPU; on CUDA what "
-        "--gpu-memory-utilization leaves once the weights are loaded)",
+        help="KV pool size, e.g. 2GiB; 0: 256MiB on CPU, on CUDA what "
+        "--gpu-memory-utilization leaves once the weights are loaded",
     )
     serve.add_argument(
         "--gpu-memory-utilization",
         type=float,
         default=0.9,
-        help="share of the GPU's memory for weights, KV pool and activations (default 0.9)",
+        help="share of the GPU's memory for weights, KV pool and activations",
     )
-    serve.add_argument("--block-size", type=int, default=16)
+    serve.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
     serve.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights and KV cache; auto: the checkpoint's",
     )
-    serve.add_argument("--device", default="cpu")
+    serve.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     serve.add_argument(
         "--threads",
         type=int,
         default=0,
-        help="torch threads per worker (default: all cores, shared by the workers, less one "
-        "for the frontend when the model has under 20M parameters)",
+        help="torch threads per worker; 0: all cores, shared by the workers, less one "
+        "for the frontend when the model has under 20M parameters",
     )
     serve.add_argument(
         "--attention-backend",
         default="auto",
         choices=["auto", "cpp", "triton", "torch"],
         help="cpp: compiled CPU kernels reading the KV cache in place; triton: the Triton "
-        "kernels, on CUDA; torch: the reference path; auto (default): cpp on CPU in "
+        "kernels, on CUDA; torch: the reference path; auto: cpp on CPU in "
         "float32/bfloat16 where g++ exists, triton on CUDA",
     )
     serve.add_argument(
@@ -62,22 +81,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="run every decode step eagerly (by default, --device cuda with the triton "
         "backend replays CUDA graphs captured at startup)",
     )
-    serve.add_argument("--mode", default="process", choices=["process", "inproc"])
+    serve.add_argument(
+        "--mode",
+        default="process",
+        choices=["process", "inproc"],
+        help="process: scheduler and worker in processes of their own; inproc: all in this one",
+    )
     serve.add_argument(
         "--data-parallel-size",
         "--dp-size",
         type=int,
         default=1,
-        help="scheduler+worker groups, each a full copy of the model (default 1)",
+        help="scheduler+worker groups, each a full copy of the model",
     )
     serve.add_argument(
         "--tensor-parallel-size",
         "--tp-size",
         type=int,
         default=1,
-        help="ranks each worker splits the model over (gloo on CPU, NCCL on CUDA; default 1)",
+        help="ranks each worker splits the model over (gloo on CPU, NCCL on CUDA)",
     )
-    serve.add_argument("--no-prefix-caching", action="store_true")
+    serve.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="compute every prompt in full (by default, blocks cached by earlier prompts "
+        "are reused)",
+    )
     serve.add_argument(
         "--max-sessions", type=int, default=1024, help="sessions (open_session) open at once"
     )
@@ -110,8 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
         "requests get 503; one that has all its output, waiting for its reader, does not count",
     )
     serve.add_argument(
-        "--api-key",
-        default=os.environ.get("RUNTIME_API_KEY"),
+        "--api-key",  # not its default: the environment's key would show in --help
         help="require `Authorization: Bearer KEY` (default: $RUNTIME_API_KEY)",
     )
     serve.add_argument(
@@ -156,7 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
         "so set an API key too",
     )
     serve.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="of this process and of its actors' processes",
     )
     serve.add_argument(
         "--log-requests", action="store_true", help="log each finished request as a JSON line"
@@ -178,18 +209,53 @@ def build_parser() -> argparse.ArgumentParser:
         default=1000,
         help="requests per dump file",
     )
-    replay = commands.add_parser(
-        "replay", help="re-send the requests of a dump with their timing; print latencies"
+    add_replay(
+        command("replay", help="re-send a dump's requests with their timing; print latencies")
     )
-    replay.add_argument("dump", help="a dump file, or a folder of them (--dump-requests-folder)")
-    replay.add_argument("--url", default="http://127.0.0.1:8000")
-    replay.add_argument("--speed", type=positive(float), default=1.0, help="2: twice as fast")
-    replay.add_argument("--api-key", default=os.environ.get("RUNTIME_API_KEY"))
-    make = commands.add_parser("make-model", help="write a tiny deterministic test checkpoint")
-    make.add_argument("out_dir", type=Path)
-    make.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3", "llama-80m"])
-    make.add_argument("--seed", type=int, default=0)
+    make = command("make-model", help="write a tiny deterministic test checkpoint")
+    make.add_argument("out_dir", type=Path, help="folder to write the checkpoint to")
+    make.add_argument(
+        "--arch",
+        default="llama",
+        choices=["llama", "qwen2", "qwen3", "llama-80m"],
+        help="the tiny models' architecture, or an 80M-parameter Llama",
+    )
+    make.add_argument("--seed", type=int, default=0, help="of the random weights")
     return parser
+
+
+def add_replay(replay: argparse.ArgumentParser) -> None:
+    replay.add_argument("dump", help="a dump file, or a folder of them (--dump-requests-folder)")
+    replay.add_argument("--url", default="http://127.0.0.1:8000", help="the server's address")
+    replay.add_argument(
+        "--speed", type=positive(float), default=1.0, help="how fast to replay; 2: twice as fast"
+    )
+    replay.add_argument(
+        "--max-wait",
+        type=non_negative,
+        default=30.0,
+        help="seconds at most between two requests, however far apart the dump has them",
+    )
+    replay.add_argument(
+        "--api-key", help="send `Authorization: Bearer KEY` (default: $RUNTIME_API_KEY)"
+    )
+    replay.add_argument(
+        "--api-key-file", type=Path, help="read the key from this file (it stays out of `ps`)"
+    )
+
+
+def port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, not {text}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
 
 
 def positive(kind: type[int] | type[float]) -> Callable[[str], float]:
@@ -200,3 +266,17 @@ def positive(kind: type[int] | type[float]) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """The key from --api-key-file, --api-key or $RUNTIME_API_KEY. An empty one is an error:
+    it would protect nothing, or lock everyone out."""
+    key = args.api_key if args.api_key is not None else os.environ.get("RUNTIME_API_KEY")
+    if args.api_key_file is not None:
+        try:
+            key = args.api_key_file.read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"--api-key-file: {exc}") from None
+    if key is not None and not key.strip():
+        raise ValueError("the API key (--api-key-file, --api-key or RUNTIME_API_KEY) is empty")
+    return key

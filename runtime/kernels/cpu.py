@@ -3,20 +3,14 @@ matmuls (cpu_fused.cpp), a decode step's matmuls (cpu_linear.cpp) and sampling
 (cpu_sampling.cpp), compiled once per machine with g++, cached across restarts, called
 through ctypes.
 
-No torch headers are involved, so a build takes about a second rather than the minute a
-`torch.utils.cpp_extension` build takes. The shared library is keyed by the source, the
-flags and the CPU's feature flags (it is built with -march=native), and written atomically
-so that several workers starting at once can build it side by side.
+No torch headers are involved, so a build takes seconds rather than the minute a
+`torch.utils.cpp_extension` build takes; cpu_build.py builds and caches it.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
 import subprocess
-import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -32,12 +26,8 @@ from runtime.kernels.checks import (
     check_sampling,
     sampling_params,
 )
+from runtime.kernels.cpu_build import built_library, find_compiler
 
-HERE = Path(__file__).parent
-SOURCES = tuple(HERE / f"cpu_{name}.cpp" for name in ("attention", "fused", "linear", "sampling"))
-HEADERS = (HERE / "cpu_common.h", HERE / "cpu_attention_tiles.h")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
-         "-fno-math-errno", "-fno-trapping-math")  # fmt: skip
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 LINEAR_TILE = 4  # cpu_linear.cpp's kTileN: weight rows widened at once, per thread
 # Each C entry point's arguments, as the .cpp files declare them: i int, q int64, f float,
@@ -53,41 +43,6 @@ SIGNATURES = {
     "skinny_linear": "i p p p p q q q p i",
 }
 _CTYPES = {"i": ctypes.c_int, "q": ctypes.c_int64, "f": ctypes.c_float, "p": ctypes.c_void_p}
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("RUNTIME_KERNEL_CACHE") or os.environ.get("XDG_CACHE_HOME")
-    return Path(root or Path.home() / ".cache") / "runtime-kernels"
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""
-
-
-def _build(compiler: str) -> Path:
-    key = hashlib.sha256(" ".join(FLAGS).encode() + _cpu_flags().encode())
-    for path in SOURCES + HEADERS:
-        key.update(path.read_bytes())
-    target = cache_dir() / f"cpu_kernels-{key.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        built = Path(scratch) / target.name
-        subprocess.run(
-            [compiler, *FLAGS, *map(str, SOURCES), "-o", str(built)],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        os.replace(built, target)  # atomic: a racing build writes the same bytes
-    return target
 
 
 class CpuKernels:
@@ -318,12 +273,13 @@ def _raise_for(code: int) -> None:
 @cache
 def load_cpu_kernels() -> CpuKernels:
     """The kernels, built if needed. Raises KernelError if they cannot be built."""
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    compiler = find_compiler()
     if compiler is None:
         raise KernelError("no C++ compiler (g++ or c++ on PATH, or $CXX)")
     try:
-        return CpuKernels(_build(compiler))
+        with built_library(compiler) as library:
+            return CpuKernels(library)
     except subprocess.CalledProcessError as exc:
         raise KernelError(f"{compiler} failed on the CPU kernels:\n{exc.stderr}") from exc
-    except OSError as exc:  # an unwritable cache, a library that does not load
+    except OSError as exc:  # a library that does not load
         raise KernelError(f"cannot build or load the CPU kernels: {exc}") from exc

@@ -10,6 +10,7 @@ them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -18,6 +19,10 @@ import threading
 import trio
 
 from runtime.config.engine import EngineConfig
+
+# The API process's log format (runtime/cli/main.py); a child logs at the level its parent's
+# root logger had when it spawned it (the spec's "log_level").
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def exit_when_parent_dies() -> None:
@@ -36,6 +41,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # trio.run leaves an ignored SIGINT alone
     exit_when_parent_dies()
+    logging.basicConfig(level=spec.get("log_level", logging.WARNING), format=LOG_FORMAT)
     config = EngineConfig.from_dict(spec["config"])
     if role == "scheduler":
         from runtime.scheduler.actor import SchedulerActor

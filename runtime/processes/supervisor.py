@@ -14,6 +14,7 @@ child still there after STOP_GRACE seconds; children ignore SIGTERM (see actor_m
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -138,6 +139,7 @@ async def _start_processes(
         "config": config.to_dict(),
         "eos_token_ids": sorted(group.eos_token_ids),
         "dp_rank": dp_rank,
+        "log_level": logging.getLogger().getEffectiveLevel(),  # children log as we do
     }
     scheduler, worker = (
         actor_name(role, dp_rank, config.data_parallel_size) for role in ("scheduler", "worker")

@@ -9,6 +9,8 @@ naming the tensor, so a wrong or truncated checkpoint never serves garbage.
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -20,6 +22,8 @@ from torch import nn
 from tqdm import tqdm
 
 from runtime.layers.parallel import ColumnParallelLinear, Slot, whole
+
+log = logging.getLogger(__name__)
 
 # Buffers some checkpoints carry that we recompute ourselves.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -58,7 +62,10 @@ def count_tensors(files: list[Path]) -> int:
 
 
 def load_weights(model: nn.Module, model_dir: str | Path, progress: bool = False) -> None:
-    """Copy every tensor of the checkpoint into `model`, checking names and shapes."""
+    """Copy every tensor of the checkpoint into `model`, checking names and shapes. With
+    `progress`: a bar where stderr is a terminal (never carriage returns in a log file),
+    and a line once loaded."""
+    started = time.monotonic()
     files = safetensors_files(Path(model_dir))
     params = dict(model.named_parameters())
     packed = _packed(model)
@@ -67,7 +74,8 @@ def load_weights(model: nn.Module, model_dir: str | Path, progress: bool = False
     loaded: set[tuple[str, int | None]] = set()
     tensors = iter_slices(files)
     if progress:
-        tensors = tqdm(tensors, total=count_tensors(files), desc="Loading weights", unit="tensor")
+        total = count_tensors(files)  # disable=None: no bar unless stderr is a terminal
+        tensors = tqdm(tensors, total=total, desc="Loading weights", unit="tensor", disable=None)
     with torch.no_grad():
         for name, source in tensors:
             if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
@@ -91,6 +99,9 @@ def load_weights(model: nn.Module, model_dir: str | Path, progress: bool = False
     if missing:
         names = sorted(_source_name(t, s, packed) for t, s in missing)
         raise CheckpointError(f"checkpoint lacks {len(names)} tensors, e.g. {names[:5]}")
+    if progress:
+        seconds = time.monotonic() - started
+        log.info("loaded %d tensors from %s in %.1f s", len(loaded), model_dir, seconds)
 
 
 def install_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
