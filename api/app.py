@@ -10,16 +10,17 @@ import time
 from importlib.metadata import version
 
 import trio
-from quart import Response, jsonify, request
+from quart import Response, g, jsonify, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from api.http import uploads
 from api.http.errors import APIError, engine_stopped, timed_out
+from api.http.fields import header_value
 from api.http.state import ServerSettings, ServerState
-from api.routes import control, native, openai, operator
+from api.routes import control, native, openai, operator, trl, weights
+from api.routes.openai_schemas import DetokenizeRequest, TokenizeRequest
 from api.routes.openapi import openapi
-from api.routes.schemas import DetokenizeRequest, TokenizeRequest
 from runtime.protocol import EngineClient, EngineDeadError, RequestTimeoutError
 
 # Paths anyone may read without the API key: probes and scrapers rarely carry one.
@@ -29,7 +30,7 @@ _PUBLIC = frozenset({"/health", "/metrics", "/openapi.json"})
 def create_app(engine: EngineClient, settings: ServerSettings) -> QuartTrio:
     app = QuartTrio(__name__)
     if settings.enable_control_api:
-        app.request_class = uploads.request_class(control.UPLOAD_PATHS, settings.api_key)
+        app.request_class = uploads.request_class(weights.UPLOAD_PATHS, settings.api_key)
     app.config.update(
         RESPONSE_TIMEOUT=None,  # never cut a long stream (Quart's default is 60 s)
         BODY_TIMEOUT=60,
@@ -45,6 +46,7 @@ def create_app(engine: EngineClient, settings: ServerSettings) -> QuartTrio:
     native.register(app, state)
     control.register(app, state)
     operator.register(app, state)
+    trl.register(app, state)
     _register_errors(app)
 
     @app.after_serving
@@ -77,6 +79,13 @@ def _register_basics(app: QuartTrio, state: ServerState) -> None:
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+
+    @app.after_request
+    async def name_ignored_fields(response: Response) -> Response:
+        ignored = g.get("ignored_fields")
+        if ignored:
+            response.headers["X-Ignored-Fields"] = header_value(ignored)
+        return response
 
     @app.get("/health")
     async def health() -> Response:

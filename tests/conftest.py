@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,7 @@ from runtime.checkpoints.random_model import make_tiny_model
 from tests.api_helpers import MODEL
 from tests.fake_engine import FakeEngine
 from tests.parity_helpers import greedy_references
+from tests.server_process import ServerProcess
 
 if not torch.cuda.is_available():
     # the Triton kernels (runtime/kernels/gpu*.py) run in Triton's interpreter, on the CPU;
@@ -40,6 +41,15 @@ def references(model_dirs: dict[str, Path]) -> dict[str, list[list[int]]]:
     """transformers' greedy continuation of SHARED and each of `prompt_set()`, per
     architecture (tests/parity_helpers.py)."""
     return greedy_references(model_dirs, ARCHS)
+
+
+@pytest.fixture(scope="session")
+def control_server(llama_dir: Path) -> Iterator[ServerProcess]:
+    """`runtime serve` on the tiny llama in float32, with --enable-control-api: shared by the
+    end-to-end tests of steering (each leaves it unpaused, with its memory resident)."""
+    proc = ServerProcess(llama_dir, "--dtype", "float32", "--enable-control-api")
+    yield proc
+    proc.terminate()
 
 
 # -- the HTTP layer against a fake engine (tests/test_api*.py) --------------------------------

@@ -25,6 +25,7 @@ from runtime.protocol import (
     SamplingParams,
     SchedulerStats,
     SessionParams,
+    WeightsClient,
     WorkerStats,
 )
 
@@ -45,13 +46,14 @@ class FakeEngine(EngineClient):
     sessions: set[str] = field(default_factory=set)
     data_parallel_size: int = 1  # each group reports the same figures
     control: FakeControl = field(init=False)
+    weights: FakeControl = field(init=False)  # the same fake plays both parts
 
     def __post_init__(self) -> None:
-        self.control = FakeControl(self)
+        self.control = self.weights = FakeControl(self)
 
     @property
     def model_card(self) -> ModelCard:
-        return ModelCard("/fake/model", self.max_model_len, 100)
+        return ModelCard("/fake/model", self.max_model_len, 100, self.control.weight_version)
 
     def generate(
         self,
@@ -123,11 +125,12 @@ class FakeEngine(EngineClient):
         top = [((t, -0.5),) for t in out.token_ids] if params.logprobs is not None else None
         return [dataclasses.replace(out, index=i, top_logprobs=top) for i in range(params.n)]
 
-    def abort(self, rid: str) -> None:
+    def abort(self, rid: str) -> bool:
         self.aborted.append(rid)
+        return rid in self.open
 
-    def abort_all(self) -> None:
-        pass
+    def abort_all(self) -> int:
+        return len(self.open)
 
     async def wait_no_requests(self) -> None:
         await trio.lowlevel.checkpoint()
@@ -213,7 +216,9 @@ class FakeEngine(EngineClient):
     def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
         return [text.encode() for text in self.token_texts(token_ids)]
 
-    async def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+    async def apply_chat_template(
+        self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None = None
+    ) -> str:
         await trio.lowlevel.checkpoint()
         turns = (f"<{m['role']}{':' + m['name'] if 'name' in m else ''}>" for m in messages)
         return (
@@ -222,7 +227,7 @@ class FakeEngine(EngineClient):
 
 
 @dataclass
-class FakeControl(ControlClient):
+class FakeControl(ControlClient, WeightsClient):
     """The fake engine's control part: records what it was asked."""
 
     engine: FakeEngine
@@ -232,18 +237,20 @@ class FakeControl(ControlClient):
     updates: list[tuple[str, dict[str, object]]] = field(default_factory=list)
     max_num_seqs: int = 8
     profiling: str | None = None
+    weight_version: str = "default"
 
     @property
     def is_paused(self) -> bool:
         return self.paused is not None
 
-    async def pause(self, mode: str = "abort") -> None:
+    async def pause(self, mode: str = "abort") -> bool:
         await trio.lowlevel.checkpoint()
-        if mode not in ("abort", "wait", "keep"):
-            raise ValueError(f"mode must be one of abort, wait, keep, not {mode!r}")
+        if mode not in ("abort", "wait", "keep", "retract"):
+            raise ValueError(f"mode must be one of abort, wait, keep, retract, not {mode!r}")
         if self.paused is not None:
-            raise ValueError("the engine is already paused")
+            return False
         self.paused = mode
+        return True
 
     async def resume(self) -> None:
         await trio.lowlevel.checkpoint()
@@ -298,7 +305,9 @@ class FakeControl(ControlClient):
     def is_sleeping(self) -> bool:
         return bool(self.released)
 
-    async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+    async def release_memory_occupation(
+        self, tags: list[str] | None = None, *, pause_mode: str = "keep"
+    ) -> None:
         await trio.lowlevel.checkpoint()
         if self.engine.open:
             raise ValueError("cannot release memory while requests run")
@@ -308,19 +317,22 @@ class FakeControl(ControlClient):
         await trio.lowlevel.checkpoint()
         self.released -= set(tags or ("kv_cache", "weights"))
 
-    async def flush_cache(self) -> None:
+    async def flush_cache(self, force: bool = False) -> None:
         await trio.lowlevel.checkpoint()
-        if self.engine.open:
+        if self.engine.open and not force:
             raise ValueError(
                 f"cannot flush the cache while requests are open: {len(self.engine.open)}"
             )
         self.flushes += 1
 
-    async def start_profile(self, output_dir: str, *args: object, **kwargs: object) -> None:
+    async def start_profile(
+        self, output_dir: str | None = None, *args: object, **kwargs: object
+    ) -> str:
         await trio.lowlevel.checkpoint()
         if self.profiling is not None:
             raise ValueError("a profile is running: stop_profile first")
-        self.profiling = output_dir
+        self.profiling = output_dir or "/tmp/fake-profile"
+        return self.profiling
 
     async def stop_profile(self) -> None:
         await trio.lowlevel.checkpoint()
@@ -335,3 +347,10 @@ class FakeControl(ControlClient):
         value = settings.get("max_num_seqs", settings.get("max_running_requests"))
         if value is not None:  # as the real engine: naming nothing changes nothing
             self.max_num_seqs = value
+
+    async def update_weight_version(
+        self, new_version: str, abort_all_requests: bool = True
+    ) -> None:
+        await trio.lowlevel.checkpoint()
+        self.updates.append(("version", {"new_version": new_version}))
+        self.weight_version = new_version

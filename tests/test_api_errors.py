@@ -127,10 +127,10 @@ BAD_REQUESTS = [
     (
         "POST",
         "/v1/completions",
-        {"model": MODEL, "prompt": "hi", "frobnicate": 1},
+        {"model": MODEL, "prompt": "hi", "guided_json": {"type": "object"}},
         400,
-        "frobnicate",
-        "unknown_parameter",
+        "guided_json",
+        "unsupported_parameter",
     ),
     (
         "POST",

@@ -136,3 +136,19 @@ async def test_the_routes_are_off_unless_enabled(client: QuartClient) -> None:
     for path in ("/update_weights_from_tensor", "/init_weights_update_group"):
         response = await client.post(path, data=b"x", headers=OCTETS)
         assert response.status_code == 404
+
+
+async def test_areals_group_init_with_a_string_port_and_its_pp_rank(
+    control: QuartClient, engine: FakeEngine
+) -> None:
+    """areal/engine/sglang_remote.py sends master_port as a string (SGLang's pydantic model
+    coerces it) and a pp_rank SGLang does not define (ignored, and named)."""
+    body = {"master_address": "10.0.0.1", "master_port": "29500", "rank_offset": 1,
+            "world_size": 2, "backend": "gloo", "group_name": "areal", "pp_rank": 0}  # fmt: skip
+    response = await control.post("/init_weights_update_group", json=body)
+    assert response.status_code == 200 and response.headers["X-Ignored-Fields"] == "pp_rank"
+    assert engine.control.updates == [
+        ("init", {"args": ("10.0.0.1", 29500, 1, 2, "areal", "gloo")})
+    ]
+    bad = await control.post("/init_weights_update_group", json=body | {"master_port": "x1"})
+    assert bad.status_code == 400 and (await bad.get_json())["error"]["param"] == "master_port"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -18,11 +17,9 @@ from tests.server_process import ServerProcess
 PROMPT = {"text": "The tuple object", "sampling_params": {"temperature": 0, "ignore_eos": True}}
 
 
-@pytest.fixture(scope="module")
-def server(llama_dir: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(llama_dir, "--dtype", "float32", "--enable-control-api")
-    yield proc
-    proc.terminate()
+@pytest.fixture
+def server(control_server: ServerProcess) -> ServerProcess:
+    return control_server
 
 
 def generate(server: ServerProcess, max_new_tokens: int) -> dict:
@@ -82,7 +79,7 @@ def test_abort_ends_a_request_with_its_partial_output_and_holds_new_ones(
     post(server, "/pause", params={"mode": "abort"})
     running.join(timeout=60)
     (partial,) = result
-    assert partial["meta_info"]["finish_reason"] == {"type": "abort"}
+    assert partial["meta_info"]["finish_reason"]["type"] == "abort"
     assert 0 < len(partial["output_ids"]) < 1500
     assert partial["output_ids"] == expected[: len(partial["output_ids"])]
     queued, later = in_thread(generate, server, 8)
@@ -98,8 +95,10 @@ async def test_the_trio_client_steers_the_server(server: ServerProcess) -> None:
         assert not await client.is_paused()
         await client.pause_generation("keep")
         assert await client.is_paused()
+        await client.pause_generation("wait")  # a second pause changes nothing: a 200
+        assert await client.is_paused()
         with pytest.raises(APIStatusError) as error:
-            await client.pause_generation("wait")
+            await client.pause_generation("sleep")
         assert error.value.status_code == 400
         await client.continue_generation()
         assert not await client.is_paused()
@@ -121,7 +120,7 @@ def test_abort_request_by_rid_flush_cache_and_model_info(server: ServerProcess) 
     aborted = httpx.post(server.url + "/abort_request", json={"rid": "rollout-7"}, timeout=60)
     assert aborted.status_code == 200
     running.join(timeout=60)
-    assert result[0]["meta_info"]["finish_reason"] == {"type": "abort"}
+    assert result[0]["meta_info"]["finish_reason"]["type"] == "abort"
     assert result[0]["meta_info"]["weight_version"] == "default"
     assert post(server, "/flush_cache")["success"] is True
     info = httpx.get(server.url + "/get_model_info").json()

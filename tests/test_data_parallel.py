@@ -94,12 +94,12 @@ async def test_steering_samples_and_sessions_across_groups(llama_dir: Path, tmp_
         assert [r.scheduler.max_num_seqs for r in stats.ranks] == [3, 3]
         assert engine.server_info()["max_num_seqs"] == 3
         await engine.control.flush_cache()
-        success, message, _ = await engine.control.update_weights_from_disk(str(llama_dir))
+        success, message, _ = await engine.weights.update_weights_from_disk(str(llama_dir))
         assert success, message
-        values = await engine.control.get_weights_by_name("model.norm.weight", 4)
+        values = await engine.weights.get_weights_by_name("model.norm.weight", 4)
         assert len(values) == 4
         with pytest.raises(ValueError, match="no parameter"):
-            await engine.control.get_weights_by_name("nope", 4)
+            await engine.weights.get_weights_by_name("nope", 4)
         await engine.control.start_profile(str(tmp_path))
         await collect_all(engine, [[3] * 30, [4] * 30], SamplingParams(max_tokens=3))
         await engine.control.stop_profile()

@@ -153,12 +153,11 @@ async def test_a_request_that_leaves_while_queued_is_aborted_cleanly(
 async def test_misuse_is_a_clear_error(llama_dir: Path) -> None:
     async with fake_engine(llama_dir, 2) as engine:
         await engine.control.resume()  # not paused: a no-op
-        with pytest.raises(ValueError, match="mode must be one of abort, wait, keep"):
+        with pytest.raises(ValueError, match="mode must be one of abort, wait, keep, retract"):
             await engine.control.pause("sleep")
         assert not engine.control.is_paused
-        await engine.control.pause("keep")
-        with pytest.raises(ValueError, match="already paused"):
-            await engine.control.pause("abort")
+        assert await engine.control.pause("keep") is True
+        assert await engine.control.pause("abort") is False  # already paused: nothing changes
         await engine.control.resume()
         await engine.control.resume()
         assert not engine.control.is_paused
@@ -197,7 +196,7 @@ async def test_an_update_lets_open_requests_finish_then_serves_the_new_weights(
 
         async def update() -> None:
             answers.append(
-                await engine.control.update_weights_from_disk("new", weight_version="v2")
+                await engine.weights.update_weights_from_disk("new", weight_version="v2")
             )
             updated.set()
 
@@ -219,7 +218,7 @@ async def test_a_failed_update_changes_nothing(
     llama_dir: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with fake_engine(llama_dir, 2) as engine:
-        success, message, _ = await engine.control.update_weights_from_disk(
+        success, message, _ = await engine.weights.update_weights_from_disk(
             "bad", weight_version="v2"
         )
         assert not success and "no such checkpoint" in message
@@ -236,7 +235,7 @@ async def test_an_update_while_paused_proceeds_at_once_and_stays_paused(
         run = await started(nursery, Run(engine, PROMPT))
         await engine.control.pause("keep")
         done = len(run.token_ids)
-        assert (await engine.control.update_weights_from_disk("new"))[0]
+        assert (await engine.weights.update_weights_from_disk("new"))[0]
         assert engine.control.is_paused
         await engine.control.resume()
         await run.done.wait()

@@ -73,7 +73,7 @@ op = st.one_of(
     st.tuples(st.just("close"), st.integers(0, 2)),
     st.tuples(st.just("release"), st.integers(0, 2), st.lists(st.integers(0, 40), max_size=3)),
     st.tuples(st.just("flush"), st.booleans()),
-    st.tuples(st.just("pause"), st.sampled_from(["keep", "wait"])),
+    st.tuples(st.just("pause"), st.sampled_from(["keep", "wait", "retract"])),
     st.tuples(st.just("resume")),
     st.tuples(st.just("seqs"), st.integers(1, 6)),
 )

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from runtime.config.sampling import SamplingParams
@@ -144,7 +144,7 @@ operations = st.lists(
         st.tuples(st.just("step"), st.lists(st.integers(0, 40), max_size=2)),
         st.tuples(st.just("abort"), st.integers(0, 40)),
         st.tuples(st.just("fork"), st.integers(1, 3)),  # samples of the last request added
-        st.tuples(st.just("pause"), st.sampled_from(["keep", "wait"])),
+        st.tuples(st.just("pause"), st.sampled_from(["keep", "wait", "retract"])),
         st.tuples(st.just("resume")),
     ),
     max_size=80,
@@ -152,6 +152,19 @@ operations = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
+# a sequence preempted (or retracted) ahead of waiting forks that hold their sibling's prompt:
+# it once preempted itself forever rather than let the fork at the queue's head unshare
+@example(
+    ops=[("add", [3, 2, 1, 1, 1, 3, 2, 2], 1, False), ("fork", 2),
+         ("add", [1, 3, 2, 3, 1, 3, 1], 10, True), ("pause", "keep"), ("fork", 1), ("resume",),
+         ("fork", 3), ("fork", 3), ("step", []), ("step", [20, 33]), ("step", [7, 5]),
+         ("add", [1, 3, 2, 3, 2, 3, 2, 1, 2, 2, 3, 2, 2, 3], 3, True), ("step", [3, 34]),
+         ("fork", 3), ("add", [1, 2, 2, 1, 1, 1, 2, 2, 3, 1, 2, 2], 4, True),
+         ("pause", "retract"), ("resume",), ("step", [34, 35]), ("step", [6]), ("fork", 1),
+         ("add", [2, 3, 2, 1, 3, 3, 2, 1, 3, 3, 3, 1, 3, 2, 2], 2, True), ("pause", "retract"),
+         ("pause", "keep"), ("abort", 6), ("add", [2, 3, 3, 2, 1], 3, False)],
+    num_blocks=17, block_size=1, budget=1, max_num_seqs=5, prefix_caching=True, depth=2,
+)  # fmt: skip
 @given(
     ops=operations,
     num_blocks=st.integers(8, 24),
@@ -338,4 +351,24 @@ def test_forks_share_the_prompt_and_let_go_after_a_weight_update() -> None:
     assert [f.block_table for f in forks] == [[], []]
     h.run_until_idle()
     assert set(h.finished) == {"a", "a.1", "a.2"}
+    assert h.bm.num_free_blocks == h.bm.num_blocks
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_retract_pause_frees_the_running_kv_and_resume_finishes_them(depth: int) -> None:
+    h = CoreHarness(depth=depth, block_size=2, max_num_batched_tokens=8)
+    for i in range(3):
+        h.add(f"r{i}", [1, 2, 3, i + 1], max_tokens=6)
+    for _ in range(3):
+        h.step()
+    running = [s.rid for s in h.sched.running]
+    h.sched.pause("retract")
+    for _ in range(4):
+        h.step()  # retires what was in flight, then nothing
+    assert not h.sched.running and not h.pipeline.in_flight
+    assert [s.rid for s in h.sched.waiting][: len(running)] == running  # in their order
+    assert all(not s.block_table for s in h.sched.waiting)
+    h.sched.resume()
+    h.run_until_idle()
+    assert all(h.finished[rid] == "length" and len(h.outputs[rid]) == 6 for rid in h.outputs)
     assert h.bm.num_free_blocks == h.bm.num_blocks

@@ -104,7 +104,7 @@ async def steer(engine: Engine, op: tuple) -> None:
     calls = {
         "pause": lambda: engine.control.pause(op[1]),
         "resume": engine.control.resume,
-        "update": lambda: engine.control.update_weights_from_disk(op[1]),
+        "update": lambda: engine.weights.update_weights_from_disk(op[1]),
         "flush": engine.control.flush_cache,
         "release": lambda: engine.control.release_memory_occupation(op[1]),
         "resume_memory": engine.control.resume_memory_occupation,

@@ -199,25 +199,25 @@ async def test_weights_and_memory_change_on_every_rank_or_on_none(
 ) -> None:
     async with open_engine(tp_config(llama_dir)) as engine:
         for name, count in WEIGHTS:  # reassembled from both ranks' shares
-            values = await engine.control.get_weights_by_name(name, count)
+            values = await engine.weights.get_weights_by_name(name, count)
             assert values == checkpoint_values(llama_dir, name, count), name
         with pytest.raises(ValueError, match="no parameter"):
-            await engine.control.get_weights_by_name("model.nope.weight", 4)
+            await engine.weights.get_weights_by_name("model.nope.weight", 4)
         before = await collect(engine, SHARED, GREEDY)
 
-        success, message, _ = await engine.control.update_weights_from_disk(str(tmp_path / "none"))
+        success, message, _ = await engine.weights.update_weights_from_disk(str(tmp_path / "none"))
         assert not success and "tensor-parallel rank 0: " in message
-        success, message, _ = await engine.control.update_weights_from_disk(str(llama_dir))
+        success, message, _ = await engine.weights.update_weights_from_disk(str(llama_dir))
         assert success, message
 
         name = "model.layers.0.self_attn.q_proj.weight"  # rows on both ranks
         new = torch.full((256, 256), 0.5)
-        success, message = await engine.control.update_weights_from_tensor({name: new})
+        success, message = await engine.weights.update_weights_from_tensor({name: new})
         assert success, message
-        assert await engine.control.get_weights_by_name(name, 40_000) == [0.5] * 40_000
-        success, message = await engine.control.update_weights_from_tensor({name: torch.ones(3, 3)})
+        assert await engine.weights.get_weights_by_name(name, 40_000) == [0.5] * 40_000
+        success, message = await engine.weights.update_weights_from_tensor({name: torch.ones(3, 3)})
         assert not success and "shape (3, 3)" in message
-        success, message, _ = await engine.control.update_weights_from_disk(str(llama_dir))
+        success, message, _ = await engine.weights.update_weights_from_disk(str(llama_dir))
         assert success, message
 
         await engine.control.release_memory_occupation()
@@ -240,11 +240,11 @@ async def test_a_failed_update_names_the_rank_and_leaves_every_rank_on_the_old_w
     save_file(tensors, str(broken / "model.safetensors"))
     async with open_engine(tp_config(qwen2)) as engine:
         name = "model.layers.0.self_attn.k_proj.weight"  # the replicated KV head
-        assert await engine.control.get_weights_by_name(name, 50) == checkpoint_values(
+        assert await engine.weights.get_weights_by_name(name, 50) == checkpoint_values(
             qwen2, name, 50
         )
         before = await collect(engine, SHARED, GREEDY)
-        success, message, _ = await engine.control.update_weights_from_disk(str(broken))
+        success, message, _ = await engine.weights.update_weights_from_disk(str(broken))
         assert not success and "tensor-parallel rank 0: CheckpointError" in message, message
         assert "embed_tokens" in message
         assert (await collect(engine, SHARED, GREEDY))["tokens"] == before["tokens"]
@@ -269,15 +269,15 @@ async def test_an_update_that_one_rank_refuses_changes_no_rank(
 
     monkeypatch.setattr(ServedWeights, "candidate", candidate)
     async with open_engine(tp_config(llama_dir)) as engine:
-        success, message, _ = await engine.control.update_weights_from_disk(str(other))
+        success, message, _ = await engine.weights.update_weights_from_disk(str(other))
         assert not success and "tensor-parallel rank 1: OSError: disk gone" in message, message
-        values = await engine.control.get_weights_by_name(name, 40_000)
+        values = await engine.weights.get_weights_by_name(name, 40_000)
     assert values == checkpoint_values(llama_dir, name, 40_000)
 
 
 async def test_a_trainers_weight_group_is_refused_not_half_joined(llama_dir: Path) -> None:
     async with open_engine(tp_config(llama_dir)) as engine:
-        success, message = await engine.control.init_weights_update_group("127.0.0.1", 1, 1, 2, "t")
+        success, message = await engine.weights.init_weights_update_group("127.0.0.1", 1, 1, 2, "t")
         assert not success and "not available with --tensor-parallel-size > 1" in message
 
 
@@ -295,7 +295,7 @@ async def test_data_parallel_groups_of_tensor_parallel_ranks(
     async with open_engine(config) as engine:
         results = await collect_all(engine, prompt_set()[:6], GREEDY)
         stats = await engine.fetch_statistics()
-        values = await engine.control.get_weights_by_name(
+        values = await engine.weights.get_weights_by_name(
             "model.layers.0.self_attn.q_proj.weight", 99
         )
     assert [r["tokens"] for r in results] == references["llama"][1:7]

@@ -20,6 +20,9 @@ _TYPES = {
 }
 
 
+UNSUPPORTED = "unsupported_parameter"  # the error code of a field we cannot honour
+
+
 class APIError(Exception):
     """An error answered to the client with its HTTP status; the server carries on."""
 
@@ -66,6 +69,11 @@ def from_validation_error(exc: ValidationError) -> APIError:
     lone surrogate, which JSON can carry) is reported as that, whatever the shapes.
     """
     errors = exc.errors(include_url=False)
+    refused = [e for e in errors if e["type"] == UNSUPPORTED]  # a field policy's refusal
+    if refused:
+        context = refused[0].get("ctx") or {}
+        path = _render([*_path(refused[0]["loc"]), context.get("field", "")])
+        return unsupported(path, context.get("why", "is not supported"))
     unicode = [e for e in errors if e["type"] == "string_unicode"]
     first = unicode[0] if unicode else max(errors, key=_telling)
     parts = _path(first["loc"])
@@ -134,4 +142,4 @@ def timed_out(error: RequestTimeoutError) -> APIError:
 
 
 def unsupported(param: str, why: str) -> APIError:
-    return APIError(400, f"{param}: {why}", param=param, code="unsupported_parameter")
+    return APIError(400, f"{param}: {why}", param=param, code=UNSUPPORTED)

@@ -4,15 +4,17 @@ starting requests (prompts validated, chats rendered)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Sequence
+import logging
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from quart import g, request
 
 from api.http.connections import ConnectionStats
 from api.http.errors import APIError, from_validation_error
+from api.http.fields import IgnoredLog, ignored_fields
 from api.http.metrics import Metrics
 from api.http.request_log import LogConfig, RequestLog
 from runtime.protocol import (
@@ -21,9 +23,11 @@ from runtime.protocol import (
     RequestOutput,
     SamplingParams,
     SessionParams,
+    WeightsClient,
 )
 
 Model = TypeVar("Model", bound=BaseModel)
+log = logging.getLogger("api")
 
 RETRY = {"Retry-After": "1"}  # seconds: capacity frees up as requests end, usually soon
 
@@ -43,6 +47,8 @@ class ServerSettings:
             no limit).
         enable_control_api: serve the routes that steer the engine (pause, resume...).
         log_config: request logging and dumps at startup (api/request_log.py).
+        strict_fields: refuse unknown request fields (400) instead of ignoring them
+            (api/http/fields.py).
     """
 
     served_model_name: str
@@ -53,6 +59,7 @@ class ServerSettings:
     log_config: LogConfig = field(default_factory=LogConfig)
     request_timeout: float | None = None
     enable_control_api: bool = False
+    strict_fields: bool = False
 
 
 @dataclass(slots=True)
@@ -63,6 +70,7 @@ class ServerState:
     request_log: RequestLog = field(init=False)
     connections: ConnectionStats = field(default_factory=ConnectionStats)
     draining: bool = False
+    ignored_log: IgnoredLog = field(default_factory=IgnoredLog)
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.engine, self.connections, self.settings.served_model_name)
@@ -71,6 +79,10 @@ class ServerState:
     @property
     def control(self) -> ControlClient:
         return self.engine.control
+
+    @property
+    def weights(self) -> WeightsClient:
+        return self.engine.weights
 
     async def parse(self, model: type[Model], *, optional: bool = False) -> Model:
         """The request's JSON body as `model`, or an APIError(400) naming what is wrong. An
@@ -88,9 +100,36 @@ class ServerState:
             raise APIError(400, "the body must be a JSON object", code="invalid_json")
         g.body = body  # for the request log
         try:
-            return model.model_validate(body)
+            parsed = model.model_validate(body)
         except ValidationError as exc:
             raise from_validation_error(exc) from None
+        self.check_ignored(ignored_fields(parsed))
+        return parsed
+
+    def query(self, model: type[Model]) -> Model:
+        """The request's query parameters as `model` (their values are strings: its fields
+        coerce them), under the same policy as bodies."""
+        args = {key: request.args.getlist(key) for key in request.args}
+        params = {key: values[0] if len(values) == 1 else values for key, values in args.items()}
+        try:
+            parsed = model.model_validate(params)
+        except ValidationError as exc:
+            raise from_validation_error(exc) from None
+        self.check_ignored(ignored_fields(parsed))
+        return parsed
+
+    def check_ignored(self, names: list[str]) -> None:
+        """Unknown fields: a 400 under --strict-fields; else logged once per route and key,
+        and named in the answer's X-Ignored-Fields header."""
+        if not names:
+            return
+        if self.settings.strict_fields:
+            first = names[0]
+            raise APIError(400, f"unknown field {first!r}", param=first, code="unknown_parameter")
+        g.ignored_fields = [*g.get("ignored_fields", ()), *names]
+        new = self.ignored_log.first_time(request.path, names)
+        if new:
+            log.info("%s: ignored unknown fields %s", request.path, ", ".join(new))
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.settings.served_model_name:
@@ -124,16 +163,22 @@ class ServerState:
     def start(
         self,
         prompts: Sequence[str | list[int]],
-        params: SamplingParams,
+        params: SamplingParams | Sequence[SamplingParams],
         rids: list[str],
         session: SessionParams | None = None,
     ) -> list[AsyncGenerator[RequestOutput, None]]:
-        """Validate every prompt before any is queued; a bad one is a 400 for the whole request."""
+        """Validate every prompt (with its params, or the one `params` for all) before any is
+        queued; a bad one is a 400 for the whole request, as is a rid given twice."""
         timeout = self.settings.request_timeout
+        each = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(set(rids)) < len(rids):
+            raise APIError(
+                400, "rid: the same rid is given twice", param="rid", code="invalid_value"
+            )
         try:
             streams = [
-                self.engine.generate(prompt, params, rid=rid, timeout=timeout, session=session)
-                for prompt, rid in zip(prompts, rids, strict=True)
+                self.engine.generate(prompt, p, rid=rid, timeout=timeout, session=session)
+                for prompt, p, rid in zip(prompts, each, rids, strict=True)
             ]
         except ValueError as exc:
             code = "context_length_exceeded" if "context" in str(exc) else "invalid_value"
@@ -151,16 +196,26 @@ class ServerState:
             code = "context_length_exceeded" if "context" in str(exc) else "invalid_value"
             raise APIError(400, str(exc), param=param, code=code) from None
 
-    async def encode_all(self, prompts: Sequence[str | list[int]]) -> list[list[int]]:
-        return [p if isinstance(p, list) else await self.encode(p, param="prompt") for p in prompts]
+    async def encode_all(
+        self, prompts: Sequence[str | list[int]], add_special_tokens: bool = True
+    ) -> list[list[int]]:
+        return [
+            p if isinstance(p, list) else await self.encode(p, param="prompt",
+                                                            add_special_tokens=add_special_tokens)
+            for p in prompts
+        ]  # fmt: skip
 
-    async def chat_text(self, conversation: list[dict[str, str]]) -> str:
+    async def chat_text(
+        self, conversation: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None = None
+    ) -> str:
         try:
-            return await self.engine.apply_chat_template(conversation)
+            return await self.engine.apply_chat_template(conversation, template_kwargs)
         except ValueError as exc:
             raise APIError(400, str(exc), param="messages") from None
 
-    async def chat_prompt(self, conversation: list[dict[str, str]]) -> list[int]:
+    async def chat_prompt(
+        self, conversation: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None = None
+    ) -> list[int]:
         # the template already holds whatever special tokens (BOS...) the model wants
-        text = await self.chat_text(conversation)
+        text = await self.chat_text(conversation, template_kwargs)
         return await self.encode(text, param="messages", add_special_tokens=False)

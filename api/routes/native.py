@@ -23,28 +23,39 @@ from api.http.streaming import (
     sse_response,
 )
 from api.routes import logprobs_format
-from api.routes.schemas import CloseSessionRequest, GenerateRequest, OpenSessionRequest
+from api.routes.native_schemas import (
+    CloseSessionRequest,
+    GenerateItem,
+    GenerateRequest,
+    OpenSessionRequest,
+)
 from runtime.protocol import EngineClient
 
 
 def register(app: QuartTrio, state: ServerState) -> None:
     @app.post("/generate")
     async def generate() -> Response:
+        """One prompt, or a batch (a list of them): then a list of answers, in order (each
+        prompt's `n` samples together), and streamed events tagged with their `index`."""
         req = await state.parse(GenerateRequest)
-        n = req.sampling_params.n
-        state.admit(n)
-        rid = req.rid or uuid.uuid4().hex
-        (prompt,) = await state.encode_all([req.prompt()])
-        params = req.params(len(prompt))
-        state.admit(n)  # again: others may have come in while this one tokenized
-        streams = state.start([prompt], params, [rid], req.session())
-        shape = GenerateShape(state.engine, req, prompt, rid)
+        items = req.items()
+        n = samples_each(items)
+        state.admit(len(items) * n)
+        prompts = await state.encode_all([item.prompt for item in items])
+        params = [req.params(item, len(p)) for item, p in zip(items, prompts, strict=True)]
+        state.admit(len(items) * n)  # again: others may have come in while these tokenized
+        rids = [item.rid or uuid.uuid4().hex for item in items]
+        streams = state.start(prompts, params, rids, req.session())
+        shapes = [
+            GenerateShape(state.engine, req, p, r) for p, r in zip(prompts, rids, strict=True)
+        ]
+        many = req.is_batch or n > 1
         if req.stream:
             outputs = merged(streams, state.metrics, app.nursery)
-            return await sse_response(events(outputs, shape, n))
+            return await sse_response(events(outputs, shapes, n, many))
         results = await collect_all(streams, state.metrics, n)
-        bodies = [shape.body(r, results[0]) for r in results]
-        return jsonify(bodies if n > 1 else bodies[0])
+        bodies = [shapes[i // n].body(r, results[i - r.index]) for i, r in enumerate(results)]
+        return jsonify(bodies if many else bodies[0])
 
     @app.post("/open_session")
     async def open_session() -> Response:
@@ -68,17 +79,33 @@ def register(app: QuartTrio, state: ServerState) -> None:
         return Response(b"", 200)
 
 
-async def events(outputs: Merged, shape: GenerateShape, n: int) -> AsyncIterator[bytes]:
-    """Like SGLang: each event carries the whole text and ids so far (and, with n > 1, the
-    sample's `index`)."""
-    results = [Collected(index=i) for i in range(n)]
+def samples_each(items: list[GenerateItem]) -> int:
+    """The `n` of every prompt of a batch, which must be the same."""
+    counts = {item.sampling.n for item in items}
+    if len(counts) > 1:
+        raise APIError(
+            400,
+            f"sampling_params: n must be the same for every prompt of a batch: {sorted(counts)}",
+            param="sampling_params",
+            code="invalid_value",
+        )
+    return counts.pop()
+
+
+async def events(
+    outputs: Merged, shapes: list[GenerateShape], n: int, many: bool
+) -> AsyncIterator[bytes]:
+    """Like SGLang: each event carries the whole text and ids so far of one answer, tagged
+    with its `index` (prompt * n + sample) when there are several."""
+    results = [Collected(index=i % n) for i in range(len(shapes) * n)]
     try:
         async with aclosing(outputs):
-            async for _, out in outputs:
-                result = results[out.index]
+            async for prompt, out in outputs:
+                index = prompt * n + out.index
+                result = results[index]
                 result.add(out)
-                body = shape.body(result, results[0])
-                yield sse_event(body | {"index": out.index} if n > 1 else body)
+                body = shapes[prompt].body(result, results[prompt * n])
+                yield sse_event(body | {"index": index} if many else body)
     except Exception as exc:
         yield error_event(exc)
     yield SSE_DONE
@@ -135,5 +162,8 @@ def finish_reason(result: Collected) -> dict[str, Any] | None:
             return {"type": "stop", "matched": result.matched_stop}
         case "length":
             return {"type": "length", "length": len(result.token_ids)}
+        case "abort":  # SGLang's words: AReaL reads "before prefill" as "no tokens came"
+            started = "Abort during generation" if result.token_ids else "Abort before prefill"
+            return {"type": "abort", "message": started}
         case other:
             return {"type": other}

@@ -24,7 +24,7 @@ from api.http.streaming import (
     sse_response,
 )
 from api.routes import logprobs_format
-from api.routes.schemas import ChatCompletionRequest, CompletionRequest
+from api.routes.openai_schemas import ChatCompletionRequest, CompletionRequest
 from runtime.protocol import EngineClient, RequestOutput
 
 
@@ -36,7 +36,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
         prompts = req.prompts()
         params = req.params()
         state.admit(len(prompts) * req.n)
-        token_ids = await state.encode_all(prompts)
+        token_ids = await state.encode_all(prompts, req.add_special_tokens)
         state.admit(len(prompts) * req.n)  # again: others may have come in meanwhile
         head = response_head(state, f"cmpl-{uuid.uuid4().hex}", "text_completion")
         rids = [f"{head['id']}-{i}" for i in range(len(prompts))]
@@ -56,7 +56,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
         state.check_model(req.model)
         params = req.params()
         state.admit(req.n)
-        prompt = await state.chat_prompt(req.conversation())
+        prompt = await state.chat_prompt(req.conversation(), req.chat_template_kwargs)
         state.admit(req.n)  # again: others may have come in while this one was rendered
         head = response_head(state, f"chatcmpl-{uuid.uuid4().hex}", "chat.completion")
         streams = state.start([prompt], params, [head["id"]])

@@ -7,13 +7,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from api.routes import control as control_api
-from api.routes.schemas import (
+from api.routes.native_schemas import CloseSessionRequest, GenerateRequest, OpenSessionRequest
+from api.routes.openai_schemas import (
     ChatCompletionRequest,
-    CloseSessionRequest,
     CompletionRequest,
     DetokenizeRequest,
-    GenerateRequest,
-    OpenSessionRequest,
     TokenizeRequest,
 )
 

@@ -205,6 +205,7 @@ async def run_server(
                 max_open_requests=args.max_open_requests,
                 request_timeout=args.request_timeout or None,
                 enable_control_api=args.enable_control_api,
+                strict_fields=args.strict_fields,
                 log_config=LogConfig(
                     log_requests=args.log_requests,
                     log_requests_level=args.log_requests_level,

@@ -184,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
         "so set an API key too",
     )
     serve.add_argument(
+        "--strict-fields",
+        action="store_true",
+        help="answer a request field this server does not know with a 400, instead of "
+        "ignoring it (and naming it in the X-Ignored-Fields header), as vLLM does",
+    )
+    serve.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error", "critical"],

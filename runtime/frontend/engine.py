@@ -20,7 +20,7 @@ import itertools
 import math
 import time
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -39,6 +39,8 @@ from runtime.frontend.outbox import Outbox
 from runtime.frontend.request_group import RequestGroup
 from runtime.frontend.request_stream import dispatch
 from runtime.frontend.sessions import Sessions, SessionTurn
+from runtime.frontend.weight_sources import ServedVersion
+from runtime.frontend.weights import WeightUpdates
 from runtime.protocol import (
     EngineClient,
     EngineDeadError,
@@ -69,10 +71,11 @@ DIAGNOSE_TIMEOUT = 2.0
 
 class Engine(EngineClient):
     """Requests, their text and the engine's statistics; its parts: `requests` (the open
-    ones), `sessions`, `loads` (load reports) and `control` (the `ControlClient`: steering,
-    weights, memory, profiles)."""
+    ones), `sessions`, `loads` (load reports), `control` (the `ControlClient`: pause, memory,
+    profiles) and `weights` (the `WeightsClient`: updates, reads, version)."""
 
     control: EngineControl
+    weights: WeightUpdates
 
     def __init__(
         self,
@@ -95,8 +98,10 @@ class Engine(EngineClient):
         self.requests = OpenRequests(self._outbox)
         self.sessions = Sessions(config.max_sessions, self._outbox)
         self.loads = LoadReports(config.block_size, config.data_parallel_size)
-        self.control = EngineControl(
-            self._calls, self.requests, self.trace, config.model, config.data_parallel_size
+        served = ServedVersion(config.model)
+        self.control = EngineControl(self._calls, self.requests, self.trace, served)
+        self.weights = WeightUpdates(
+            self._calls, self.control, self.requests, served, config.data_parallel_size
         )
         self._prompt_tokens = 0
         self._dispatch_seconds = 0.0
@@ -143,12 +148,11 @@ class Engine(EngineClient):
 
     @property
     def model_card(self) -> ModelCard:
+        served = self.weights.served
         return ModelCard(
-            self.control.model_path,
-            self.config.max_model_len,
-            self.info.vocab_size,
-            self.control.weight_version,
-        )
+            served.model_path, self.config.max_model_len, self.info.vocab_size,
+            served.weight_version,
+        )  # fmt: skip
 
     def generate(
         self,
@@ -186,11 +190,11 @@ class Engine(EngineClient):
             adds.append(AddRequest(f"{order}.{i}", token_ids, max_tokens, child, "", f"{order}"))
         return self._run(label, adds, order, timeout or math.inf, turn)
 
-    def abort(self, rid: str) -> None:
-        self.requests.abort(rid)
+    def abort(self, rid: str) -> bool:
+        return self.requests.abort(rid)
 
-    def abort_all(self) -> None:
-        self.requests.abort_all()
+    def abort_all(self) -> int:
+        return self.requests.abort_all()
 
     async def wait_no_requests(self) -> None:
         await self.requests.wait_none()
@@ -243,8 +247,10 @@ class Engine(EngineClient):
     async def detokenize(self, token_ids: Sequence[int]) -> str:
         return await self.inputs.detokenize_async(token_ids)
 
-    async def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        return await self.inputs.apply_chat_template_async(messages)
+    async def apply_chat_template(
+        self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None = None
+    ) -> str:
+        return await self.inputs.apply_chat_template_async(messages, template_kwargs)
 
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
         return self.inputs.token_texts(token_ids)

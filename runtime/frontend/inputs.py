@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import trio
 from tokenizers import Tokenizer
@@ -25,6 +25,12 @@ from runtime.config.engine import EngineConfig
 from runtime.config.sampling import SamplingParams
 
 T = TypeVar("T")
+# apply_chat_template's own arguments: a request's template variables may not set them
+TEMPLATE_ARGUMENTS = frozenset(
+    {"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+     "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+     "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
+)  # fmt: skip
 
 
 def _byte_of_char() -> dict[str, int]:
@@ -114,22 +120,32 @@ class InputProcessor:
             return self.detokenize(token_ids)
         return await self._in_thread(self.detokenize, token_ids)
 
-    async def apply_chat_template_async(self, messages: list[dict[str, str]]) -> str:
+    async def apply_chat_template_async(
+        self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None = None
+    ) -> str:
         texts = [value for m in messages for value in m.values()]  # contents, names, roles
         if sum(len(t) for t in texts) < INLINE_CHARS:
-            return self.apply_chat_template(messages)
+            return self.apply_chat_template(messages, template_kwargs)
         self.check_fits(*texts)  # the render holds them all
-        return await self._in_thread(self.apply_chat_template, messages)
+        return await self._in_thread(self.apply_chat_template, messages, template_kwargs)
 
     async def _in_thread(self, fn: Callable[..., T], *args: object) -> T:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._threads)
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None = None
+    ) -> str:
+        """The conversation rendered, ready for the reply; `template_kwargs` are variables the
+        template may read (e.g. Qwen3's `enable_thinking`), never its own arguments."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("this model has no chat template; use /v1/completions")
+        kwargs = dict(template_kwargs or {})
+        reserved = sorted(kwargs.keys() & TEMPLATE_ARGUMENTS)
+        if reserved:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
+                messages, tokenize=False, add_generation_prompt=True, **kwargs
             )
         except Exception as exc:  # jinja errors from a template that rejects the messages
             raise ValueError(f"the chat template rejected the messages: {exc}") from None

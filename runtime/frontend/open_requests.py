@@ -67,14 +67,19 @@ class OpenRequests:
             stream.upstream_done = True
             self._outbox.abort(request_id)
 
-    def abort(self, label: str) -> None:
-        """End a call's requests now, with the output they have."""
-        for request_id in self._labels.get(label, ()):
+    def abort(self, label: str) -> bool:
+        """End a call's requests now, with the output they have; False if none is open."""
+        request_ids = self._labels.get(label, ())
+        for request_id in request_ids:
             self._abort(request_id)
+        return bool(request_ids)
 
-    def abort_all(self) -> None:
+    def abort_all(self) -> int:
+        """End every open call's requests; how many calls there were."""
+        count = len(self._labels)
         for request_id in list(self.streams):
             self._abort(request_id)
+        return count
 
     def _abort(self, request_id: str) -> None:
         stream = self.streams[request_id]

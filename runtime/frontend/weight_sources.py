@@ -8,6 +8,7 @@ import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from runtime.protocol import MAX_TENSOR_DIM, NamedTensors
 
@@ -68,3 +69,22 @@ def memory_tags(tags: list[str] | None) -> tuple[str, ...]:
     if unknown or not tags:
         raise ValueError(f"tags must be among {', '.join(MEMORY_TAGS)}, got {tags!r}")
     return tuple(t for t in MEMORY_TAGS if t in tags)
+
+
+@dataclass(slots=True)
+class ServedVersion:
+    """Which weights serve: the checkpoint they came from and their version, as SGLang names
+    them ("default" at start); tensors installed since change the version, not the path."""
+
+    model_path: str
+    weight_version: str = "default"
+    checkpoint_version: str = "default"  # the version of the weights at model_path
+
+    def loaded(self, model_path: str, weight_version: str | None) -> None:
+        """A whole checkpoint serves now."""
+        self.model_path = model_path
+        self.weight_version = self.checkpoint_version = weight_version or self.weight_version
+
+    def reloaded(self) -> None:
+        """The weights were reloaded from their checkpoint: updates since are gone."""
+        self.weight_version = self.checkpoint_version

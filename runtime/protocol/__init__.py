@@ -2,12 +2,13 @@
 so its tests drive it with small fakes, and another engine could stand in.
 
 `EngineClient` is the request protocol (generate, text, sessions, statistics, health);
-`ControlClient` (`EngineClient.control`) the control protocol (pause, weights, memory,
-profiles). The frontend (`runtime.frontend.engine.Engine`) implements both.
+`ControlClient` (`EngineClient.control`: pause, memory, profiles) and `WeightsClient`
+(`EngineClient.weights`: updates, reads, version) the control protocols. The frontend
+(`runtime.frontend.engine.Engine`) implements them.
 """
 
 from runtime.config.sampling import SamplingParams
-from runtime.protocol.control import ControlClient
+from runtime.protocol.control import ControlClient, WeightsClient
 from runtime.protocol.engine import EngineClient
 from runtime.protocol.types import (
     MAX_TENSOR_DIM,
@@ -43,5 +44,6 @@ __all__ = [
     "SchedulerStats",
     "SessionParams",
     "TopLogprobs",
+    "WeightsClient",
     "WorkerStats",
 ]

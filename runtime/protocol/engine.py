@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Protocol
 
 from runtime.config.sampling import SamplingParams
-from runtime.protocol.control import ControlClient
+from runtime.protocol.control import ControlClient, WeightsClient
 from runtime.protocol.types import (
     EngineStats,
     ModelCard,
@@ -18,7 +18,8 @@ from runtime.protocol.types import (
 class EngineClient(Protocol):
     """Requests, their text, sessions, and what the engine reports of itself."""
 
-    control: ControlClient  # the engine's control part (pause, weights, memory, profiles)
+    control: ControlClient  # the engine's control part (pause, memory, profiles)
+    weights: WeightsClient  # the engine's weights part (updates, reads, version)
 
     @property
     def model_card(self) -> ModelCard: ...
@@ -44,12 +45,13 @@ class EngineClient(Protocol):
         """
         ...
 
-    def abort(self, rid: str) -> None:
-        """End a request now: its iterator yields a final output with finish_reason "abort"."""
+    def abort(self, rid: str) -> bool:
+        """End a request now: its iterator yields a final output with finish_reason "abort".
+        False if no open request has that rid."""
         ...
 
-    def abort_all(self) -> None:
-        """Abort every open request (a server's drain deadline)."""
+    def abort_all(self) -> int:
+        """Abort every open request (a server's drain deadline); how many there were."""
         ...
 
     async def wait_no_requests(self) -> None:
@@ -120,6 +122,10 @@ class EngineClient(Protocol):
         """Each token's own bytes, a part of a character too (OpenAI's logprobs `bytes`)."""
         ...
 
-    async def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        """Render a conversation with the model's chat template, ready to generate the reply."""
+    async def apply_chat_template(
+        self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None = None
+    ) -> str:
+        """Render a conversation with the model's chat template, ready to generate the reply;
+        `template_kwargs`: variables the template reads (e.g. `enable_thinking`). ValueError
+        if the template rejects them."""
         ...

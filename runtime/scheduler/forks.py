@@ -60,14 +60,15 @@ class Forks:
             seq.num_computed_tokens = len(shared) * bs
             self._queue(seq, first=True)
 
-    def _unshare_waiting(self) -> bool:
+    def _unshare_waiting(self, *, head: bool = False) -> bool:
         """Free the blocks that only waiting forks hold (their siblings' prompt): those forks
         let go of what they share and will compute it, or find it in the prefix cache. False
-        if that frees nothing. The head of the queue lets go only with nothing running."""
+        if that frees nothing. The head of the queue lets go only with nothing running, or
+        when told to (`head`: the alternative is preempting the last running sequence)."""
         forks = [
             seq
             for seq in self.waiting
-            if seq.block_table and (seq is not self.waiting[0] or not self.running)
+            if seq.block_table and (seq is not self.waiting[0] or head or not self.running)
         ]
         holders = Counter(block for seq in forks for block in seq.block_table)
         blocks = self.block_manager.blocks

@@ -15,7 +15,8 @@ EOS costs at most one wasted token that way; length limits are known ahead and c
 
 A pause holds new requests back (in arrival order) until `resume`: in mode "keep" nothing is
 computed meanwhile (running sequences keep their KV, so they continue exactly where they were);
-in mode "wait" the requests admitted before the pause run to their end.
+in mode "wait" the requests admitted before the pause run to their end; in mode "retract"
+nothing is computed and the running sequences are preempted (recomputed on resume).
 
 Pure Python: no trio, nng, torch or wire messages, so tests drive it step by step.
 """
@@ -143,10 +144,15 @@ class Scheduler(Forks):
 
     def pause(self, mode: str) -> None:
         """Hold new requests back; "keep": compute nothing either, "wait": let the admitted
-        ones finish. Pausing again changes the mode."""
-        if mode not in ("keep", "wait"):
-            raise ValueError(f"pause mode must be 'keep' or 'wait', got {mode!r}")
-        self.pause_mode = mode
+        ones finish, "retract": compute nothing and give back the running ones' KV (they go
+        back to the head of the queue with their output so far, recomputed on resume).
+        Pausing again changes the mode."""
+        if mode not in ("keep", "wait", "retract"):
+            raise ValueError(f"pause mode must be 'keep', 'wait' or 'retract', got {mode!r}")
+        if mode == "retract":
+            for seq in reversed(self.running):  # the queue's head keeps their order
+                self._preempt(seq, self._released)
+        self.pause_mode = "keep" if mode == "retract" else mode
 
     def resume(self) -> None:
         """Go on: held requests queue behind the waiting ones, in their arrival order."""
@@ -216,7 +222,9 @@ class Scheduler(Forks):
             if self.pins.release_oldest() or self._unshare_waiting():
                 continue
             victim = self.running[-1]
-            self._preempt(victim, step)
+            if victim is seq and self._unshare_waiting(head=True):
+                continue  # the last one left running goes before a waiting fork's share
+            self._preempt(victim, step.released)
             if victim is seq:
                 return False
         return True
@@ -264,14 +272,15 @@ class Scheduler(Forks):
         step.samples.append(samples)
         seq.num_pending_tokens += samples
 
-    def _preempt(self, seq: Sequence, step: ScheduledStep) -> None:
-        """Recompute later: free the KV, keep the tokens, go back to the head of the queue."""
+    def _preempt(self, seq: Sequence, released: list[int]) -> None:
+        """Recompute later: free the KV, keep the tokens, go back to the head of the queue
+        (`released`: where the worker hears that its state for `seq` must go)."""
         self.running.remove(seq)
         self.block_manager.free_blocks(seq)
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.queued_tokens += seq.num_tokens
-        step.released.append(seq.seq_id)
+        released.append(seq.seq_id)
         self.num_preemptions += 1
 
     # -- results -------------------------------------------------------------------------
