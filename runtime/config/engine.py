@@ -38,7 +38,8 @@ class EngineConfig:
     """Everything the actors need to know; sent to child processes as JSON.
 
     Attributes:
-        model: path to a Hugging Face checkpoint directory.
+        model: path to a Hugging Face checkpoint directory, or to a GGUF file (or a folder
+            holding one), which `open_engine` converts into one first (checkpoints/gguf.py).
         mode: "process" runs scheduler and worker as child processes over ipc://;
             "inproc" runs the same actors as trio tasks in this process over inproc://.
         max_num_seqs: most sequences running in one step.
