@@ -104,6 +104,8 @@ def test_a_gpu_share_outside_0_1_is_refused(share: float) -> None:
 
 def test_the_kv_pool_defaults_to_256_mib_on_cpu() -> None:
     assert default_kv_cache_memory(torch.device("cpu"), 0.9) == 256 * 2**20
+    # more where one sequence of the model's full length needs more
+    assert default_kv_cache_memory(torch.device("cpu"), 0.9, at_least=2**30) == 2**30
     with pytest.raises(ValueError, match="kv_cache_memory must be >= 0"):
         EngineConfig(model="m", kv_cache_memory=-1)
 

@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--kv-cache-memory",
         default="0",
-        help="KV pool size, e.g. 2GiB (default: 256MiB on CPU; on CUDA what "
+        help="KV pool size, e.g. 2GiB (default: 256MiB on CPU, or one full-length sequence's "
+        "worth if more; on CUDA what "
         "--gpu-memory-utilization leaves once the weights are loaded)",
     )
     serve.add_argument(
