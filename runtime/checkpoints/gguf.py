@@ -66,6 +66,8 @@ def converted_checkpoint(source: Path, cache: Path) -> Path:
     check_tokenizer(file)
     check_names(file)
     config = hf_config(file)
+    if is_current(target):  # another start converted it meanwhile
+        return target
     discard(target)  # a copy by an older converter, if any
     write_atomically(target, partial(convert, file, config, digest))
     took = time.monotonic() - started
