@@ -7,12 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 from quart.typing import TestClientProtocol as QuartClient
+from transformers import PreTrainedTokenizerBase
 
 from api.app import create_app
 from api.http.state import ServerSettings
 from runtime.checkpoints.random_model import make_tiny_model
 from tests.api_helpers import MODEL
 from tests.fake_engine import FakeEngine
+from tests.gguf_helpers import GGUF_CASES
 from tests.parity_helpers import greedy_references
 from tests.server_process import ServerProcess
 
@@ -34,6 +36,58 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def llama_dir(model_dirs: dict[str, Path]) -> Path:
     return model_dirs["llama"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def runtime_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """RUNTIME_CACHE_DIR for the whole session, servers it starts included: GGUF files are
+    converted once per session, and never into the user's own cache."""
+    root = tmp_path_factory.mktemp("runtime-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RUNTIME_CACHE_DIR", str(root))
+        yield root
+
+
+@pytest.fixture(scope="session")
+def gguf_files(
+    model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    """The tiny checkpoints as quantized GGUF files (tests/gguf_helpers.py), written once."""
+    from tools.gguf_writer import write_gguf
+
+    root = tmp_path_factory.mktemp("gguf")
+    return {
+        name: write_gguf(model_dirs[case.arch], root / f"{name}.gguf", case.qtype, case.pre)
+        for name, case in GGUF_CASES.items()
+    }
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The default model's GGUF file; the README's test command installs its package."""
+    from runtime.checkpoints.default_model import DefaultModelMissing, default_model_file
+
+    try:
+        return default_model_file()
+    except DefaultModelMissing as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_gguf: Path, runtime_cache: Path) -> Path:
+    """SmolLM2 converted once per session into the session's cache (about 2 s), where the
+    servers the tests start without --model find it."""
+    from runtime.checkpoints.gguf import resolve_checkpoint
+
+    return Path(resolve_checkpoint(str(smollm2_gguf)))
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference_tokenizer(smollm2_gguf: Path) -> PreTrainedTokenizerBase:
+    """transformers' own tokenizer from the GGUF file (about 3 s)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
 
 
 @pytest.fixture(scope="session")

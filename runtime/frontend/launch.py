@@ -12,6 +12,7 @@ from contextlib import ExitStack, asynccontextmanager
 import trio
 from transformers import AutoTokenizer
 
+from runtime.checkpoints.gguf import resolve_checkpoint
 from runtime.checkpoints.model_info import load_model_info, resolve_max_model_len
 from runtime.config.engine import EngineConfig
 from runtime.frontend.data_parallel import DataParallelChannel
@@ -34,6 +35,8 @@ async def open_engine(
     given) is awaited, e.g. to let an HTTP server send those errors and stop, and then
     ActorDiedError cancels everything: within ACTOR_DEATH_GRACE seconds in all.
     """
+    model = await trio.to_thread.run_sync(resolve_checkpoint, config.model, abandon_on_cancel=True)
+    config = config.replace(model=model)  # a GGUF file's converted copy, or the folder itself
     info = load_model_info(config)
     config = config.replace(max_model_len=resolve_max_model_len(config, info))
     tokenizer = await trio.to_thread.run_sync(AutoTokenizer.from_pretrained, config.model)

