@@ -25,6 +25,7 @@ from runtime.protocol import EngineClient, EngineDeadError, RequestTimeoutError
 
 # Paths anyone may read without the API key: probes and scrapers rarely carry one.
 _PUBLIC = frozenset({"/health", "/metrics", "/openapi.json"})
+DUMP_DRAIN_TIMEOUT = 10.0  # seconds the last dumped requests get to be written at shutdown
 
 
 def create_app(engine: EngineClient, settings: ServerSettings) -> QuartTrio:
@@ -49,9 +50,15 @@ def create_app(engine: EngineClient, settings: ServerSettings) -> QuartTrio:
     trl.register(app, state)
     _register_errors(app)
 
+    @app.before_serving
+    async def start_dump_writer() -> None:
+        app.nursery.start_soon(state.request_log.write_dumps)
+
     @app.after_serving
-    async def write_last_dump() -> None:
-        state.request_log.flush()
+    async def write_last_dumps() -> None:
+        state.request_log.close()
+        with trio.move_on_after(DUMP_DRAIN_TIMEOUT):
+            await state.request_log.written.wait()
 
     return app
 
@@ -70,9 +77,11 @@ def _register_basics(app: QuartTrio, state: ServerState) -> None:
         key = state.settings.api_key
         if key is None or request.path in _PUBLIC:
             return
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
         # constant time: how long a wrong key takes must not tell how much of it was right
+        given = given.strip()  # "Bearer  key": clients differ in their spaces
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), key.encode()):
+            state.refusals.note(f"refused a request to {request.path} without the API key")
             raise APIError(
                 401,
                 "missing or wrong API key",
@@ -90,8 +99,8 @@ def _register_basics(app: QuartTrio, state: ServerState) -> None:
     @app.get("/health")
     async def health() -> Response:
         with trio.move_on_after(state.settings.health_timeout):
-            await state.engine.check_health()
-            return jsonify({"status": "ok"})
+            busy = await state.engine.check_health()
+            return jsonify({"status": "ok"} | ({"busy": busy} if busy else {}))
         culprit = await state.engine.diagnose()
         app.logger.warning("health check: %s", culprit)
         raise APIError(503, f"the engine did not answer in time: {culprit}", code="unhealthy")

@@ -1,5 +1,7 @@
 """Profiling traces (`start_profile` / `stop_profile`), as Chrome trace JSON files that
-chrome://tracing and Perfetto open: one file per actor, named `<actor>-rank<N>.trace.json`.
+chrome://tracing and Perfetto open: one file per actor, named `<actor>-rank<N>.trace.json`,
+created new and private (a name that exists, or a link planted there, is an error: profile
+into a new folder).
 
 The worker records `torch.profiler`'s trace of its steps; the scheduler and the frontend record
 where each step's time went on their side (`PhaseTrace`: schedule, wait, update; dispatch).
@@ -85,10 +87,14 @@ class PhaseTrace:
 
 
 def write_trace(path: Path, events: list[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(f".{os.getpid()}.partial")
-    partial.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
-    partial.replace(path)  # never a half-written file under the final name
+    write_new(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}).encode())
+
+
+def write_new(path: Path, data: bytes) -> None:
+    """A new file only we may read, never written through a link or over another file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(path, flags, 0o600), "wb") as file:
+        file.write(data)
 
 
 def now() -> float:

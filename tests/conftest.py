@@ -98,10 +98,16 @@ def references(model_dirs: dict[str, Path]) -> dict[str, list[list[int]]]:
 
 
 @pytest.fixture(scope="session")
-def control_server(llama_dir: Path) -> Iterator[ServerProcess]:
+def control_server(
+    llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
     """`runtime serve` on the tiny llama in float32, with --enable-control-api: shared by the
-    end-to-end tests of steering (each leaves it unpaused, with its memory resident)."""
-    proc = ServerProcess(llama_dir, "--dtype", "float32", "--enable-control-api")
+    end-to-end tests of steering (each leaves it unpaused, with its memory resident). Its
+    output root is pytest's base folder: each test's tmp_path is a folder directly in it."""
+    root = str(tmp_path_factory.getbasetemp())
+    proc = ServerProcess(
+        llama_dir, "--dtype", "float32", "--enable-control-api", "--output-root", root
+    )
     yield proc
     proc.terminate()
 

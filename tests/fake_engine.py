@@ -161,10 +161,11 @@ class FakeEngine(EngineClient):
     def server_info(self) -> dict[str, Any]:
         return {"model": "/fake/model", "max_num_seqs": self.control.max_num_seqs, "block_size": 16}
 
-    async def check_health(self) -> None:
+    async def check_health(self) -> str:
         if not self.healthy:
             await trio.sleep_forever()
         await trio.lowlevel.checkpoint()
+        return ""
 
     async def diagnose(self) -> str:
         await trio.lowlevel.checkpoint()

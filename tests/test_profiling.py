@@ -17,8 +17,9 @@ GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def server(llama_dir: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(llama_dir, "--enable-control-api")
+def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.getbasetemp()  # each test's tmp_path is a folder directly in it
+    proc = ServerProcess(llama_dir, "--enable-control-api", "--output-root", str(root))
     yield proc
     proc.terminate()
 
@@ -64,7 +65,8 @@ async def test_num_steps_stops_by_itself(server: ServerProcess, tmp_path: Path) 
             e for e in events(tmp_path / "scheduler-rank0.trace.json") if e["name"] == "schedule"
         ]
         assert len(steps) == 3
-        await client.start_profile(str(tmp_path / "again"))  # the first one is over
+        again = tmp_path.with_name(tmp_path.name + "-again")  # traces never overwrite others
+        await client.start_profile(str(again))  # the first one is over
         await client.stop_profile()
 
 

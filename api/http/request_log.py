@@ -7,6 +7,10 @@ at 2,048 characters; 3, and both whole. With `dump_requests_folder` every finish
 is written whole into JSONL files of `dump_requests_threshold` requests each, which
 `runtime replay` re-sends with their original timing. A request refused before it started
 (a 400) is in neither. Headers are never recorded, so the API key cannot leak through them.
+
+Dumps are written by one task, off the event loop, from a bounded queue: a writer that falls
+behind drops records (counted and logged), it never holds requests up. Each file is new and
+private (api/http/files.py).
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+import trio
+
+from api.http.files import NEW_PRIVATE
 from runtime.protocol import RequestOutput
 
 PROMPT_FIELDS = ("prompt", "messages", "text", "input_ids")
@@ -88,10 +95,13 @@ class Entry:
 
 
 class RequestLog:
+    MAX_QUEUED = 4096  # dumped records waiting for the writer; more are dropped, and logged
+
     def __init__(self, config: LogConfig) -> None:
         self.config = LogConfig()
-        self._dump: list[str] = []
-        self._files = 0
+        self._queue, self._queued = trio.open_memory_channel[tuple[str, str, int]](self.MAX_QUEUED)
+        self.dropped = 0  # records the writer could not take in time
+        self.written = trio.Event()  # the writer has ended: every queued record is written
         self.configure(config)
 
     @property
@@ -104,9 +114,8 @@ class RequestLog:
             raise ValueError("log_requests_level must be 0, 1, 2 or 3")
         if config.dump_requests_threshold < 1:
             raise ValueError("dump_requests_threshold must be at least 1")
-        if config.dump_requests_folder is not None:
-            Path(config.dump_requests_folder).mkdir(parents=True, exist_ok=True)
-        self.flush()  # what the old folder was waiting for
+        if config.dump_requests_folder is not None:  # the operator's (a route checks its own)
+            Path(config.dump_requests_folder).mkdir(mode=0o700, parents=True, exist_ok=True)
         self.config = config
 
     def update(self, **changes: Any) -> LogConfig:
@@ -135,25 +144,66 @@ class RequestLog:
     def _finish(self, record: dict[str, Any]) -> None:
         if self.config.log_requests:
             logger.info("%s", json.dumps(at_level(record, self.config.log_requests_level)))
-        if self.config.dump_requests_folder is not None:
-            self._dump.append(json.dumps(record))
-            if len(self._dump) >= self.config.dump_requests_threshold:
-                self.flush()
-
-    def flush(self) -> None:
-        """Write the dumped requests waiting in memory to a new file of the dump folder."""
         folder = self.config.dump_requests_folder
-        if not self._dump or folder is None:
-            self._dump.clear()
-            return
+        if folder is not None:
+            try:
+                self._queue.send_nowait(
+                    (folder, json.dumps(record), self.config.dump_requests_threshold)
+                )
+            except trio.WouldBlock:
+                self.dropped += 1
+                if self.dropped % 1000 == 1:  # a log line per thousand, not per request
+                    logger.error("the dump writer is behind: %d requests not dumped", self.dropped)
+
+    async def write_dumps(self) -> None:
+        """The writer task: appends records to files of `threshold` records each, until the
+        queue is closed (`close`) and drained."""
+        files = DumpFiles()
+        try:
+            async with self._queued:
+                async for folder, line, threshold in self._queued:
+                    await trio.to_thread.run_sync(files.append, folder, line, threshold)
+        finally:
+            files.close()
+            self.written.set()
+
+    def close(self) -> None:
+        """No more records: the writer writes what is queued, then ends."""
+        self._queue.close()
+
+
+class DumpFiles:
+    """The dump file being filled, in the writer's thread."""
+
+    def __init__(self) -> None:
+        self._file: BinaryIO | None = None
+        self._folder = ""
+        self._count = 0
+        self._files = 0
+
+    def append(self, folder: str, line: str, threshold: int) -> None:
+        try:
+            if self._file is None or folder != self._folder or self._count >= threshold:
+                self._open(folder)
+            assert self._file is not None
+            self._file.write(line.encode() + b"\n")
+            self._file.flush()
+            self._count += 1
+        except OSError as exc:  # a dump is never worth failing requests for: say it, go on
+            logger.error("could not dump a request into %s: %s", folder, exc)
+
+    def _open(self, folder: str) -> None:
+        self.close()
         self._files += 1
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = Path(folder) / f"requests-{stamp}-{os.getpid()}-{self._files}.jsonl"
-        lines, self._dump = self._dump, []
-        try:
-            path.write_text("\n".join(lines) + "\n")
-        except OSError as exc:  # a dump is never worth failing requests for: say it, go on
-            logger.error("could not write %d dumped requests to %s: %s", len(lines), path, exc)
+        self._file = os.fdopen(os.open(path, NEW_PRIVATE, 0o600), "wb")
+        self._folder, self._count = folder, 0
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def at_level(record: dict[str, Any], level: int) -> dict[str, Any]:

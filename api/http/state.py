@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import tempfile
+import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from quart import g, request
+from quart import g, has_request_context, request
 
 from api.http.connections import ConnectionStats
 from api.http.errors import APIError, from_validation_error
 from api.http.fields import IgnoredLog, ignored_fields
+from api.http.files import output_folder
 from api.http.metrics import Metrics
 from api.http.request_log import LogConfig, RequestLog
 from runtime.protocol import (
@@ -49,6 +54,8 @@ class ServerSettings:
         log_config: request logging and dumps at startup (api/request_log.py).
         strict_fields: refuse unknown request fields (400) instead of ignoring them
             (api/http/fields.py).
+        output_root: where control routes may have files written (dumps, profiles): the
+            folder itself or one directly in it (api/http/files.py).
     """
 
     served_model_name: str
@@ -60,6 +67,30 @@ class ServerSettings:
     request_timeout: float | None = None
     enable_control_api: bool = False
     strict_fields: bool = False
+    output_root: Path = field(default_factory=Path.cwd)
+
+
+class RefusalLog:
+    """Refused clients (a wrong API key, no connection slot), logged with their address at
+    most once per INTERVAL seconds with the count since: a flood cannot flood the log."""
+
+    INTERVAL = 10.0
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._logger = logger
+        self._last = -math.inf
+        self._since = 0
+
+    def note(self, what: str, peer: str | None = None) -> None:
+        self._since += 1
+        now = time.monotonic()
+        if now - self._last < self.INTERVAL:
+            return
+        if peer is None:
+            peer = (request.remote_addr or "?") if has_request_context() else "?"
+        self._logger.warning("%s (from %s; %d refused since the last line)", what, peer,
+                             self._since)  # fmt: skip
+        self._last, self._since = now, 0
 
 
 @dataclass(slots=True)
@@ -71,6 +102,7 @@ class ServerState:
     connections: ConnectionStats = field(default_factory=ConnectionStats)
     draining: bool = False
     ignored_log: IgnoredLog = field(default_factory=IgnoredLog)
+    refusals: RefusalLog = field(default_factory=lambda: RefusalLog(log))
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.engine, self.connections, self.settings.served_model_name)
@@ -130,6 +162,17 @@ class ServerState:
         new = self.ignored_log.first_time(request.path, names)
         if new:
             log.info("%s: ignored unknown fields %s", request.path, ", ".join(new))
+
+    def output_folder(self, requested: str | None, prefix: str) -> str:
+        """The folder a control route may write into: the one asked for, if the output root
+        allows it, or a new private one in the root; a 400 naming why not."""
+        root = self.settings.output_root.resolve()
+        try:
+            if requested is None:
+                return tempfile.mkdtemp(prefix=prefix, dir=root)
+            return str(output_folder(root, requested))
+        except (ValueError, OSError) as exc:
+            raise APIError(400, str(exc), param="output_dir", code="invalid_value") from None
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.settings.served_model_name:

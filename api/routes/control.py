@@ -133,8 +133,11 @@ def register(app: QuartTrio, state: ServerState) -> None:
         req = await state.parse(ConfigureLoggingRequest, optional=True)
         fields = ConfigureLoggingRequest.model_fields
         changes = {k: v for k, v in req.model_dump(exclude_none=True).items() if k in fields}
-        if changes.get("dump_requests_folder") == "":
+        folder = changes.get("dump_requests_folder")
+        if folder == "":
             changes["dump_requests_folder"] = None
+        elif folder is not None:
+            changes["dump_requests_folder"] = state.output_folder(folder, "dumps-")
         try:
             config = state.request_log.update(**changes)  # on the loop: dumps are appended here
         except (ValueError, OSError) as exc:  # e.g. a folder that cannot be made
@@ -144,9 +147,10 @@ def register(app: QuartTrio, state: ServerState) -> None:
     @route("/start_profile", methods=BOTH)
     async def start_profile() -> Response:
         req = await state.parse(StartProfileRequest, optional=True)
+        folder = state.output_folder(req.output_dir, "profile-")
         output_dir = await steer(
             state.control.start_profile(
-                req.output_dir, req.num_steps, req.activities, req.record_shapes, req.with_stack
+                folder, req.num_steps, req.activities, req.record_shapes, req.with_stack
             )
         )
         return jsonify({"success": True, "message": f"Profiling into {output_dir}."})

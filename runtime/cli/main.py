@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import ipaddress
 import logging
 import math
 import os
@@ -54,6 +55,9 @@ def main(argv: list[str] | None = None) -> None:
         if not (math.isfinite(args.request_timeout) and args.request_timeout >= 0):
             raise ValueError("--request-timeout must be positive, or 0 for no limit")
         args.api_key = api_key(args)
+        check_control_api(args.enable_control_api, args.api_key, args.host)
+        if not args.output_root.is_dir():
+            raise ValueError(f"--output-root {args.output_root}: not a folder")
         config = engine_config(args)
         check_device(config.device)
     except ValueError as exc:
@@ -107,6 +111,27 @@ def raise_open_file_limit(connections: int) -> None:
         )
 
 
+def check_control_api(enabled: bool, key: str | None, host: str) -> None:
+    """The control API stops generation, loads weights from any path and writes files: with no
+    API key, only a loopback address may serve it (and a warning says it is open)."""
+    if not enabled or key is not None:
+        return
+    if not is_loopback(host):
+        raise ValueError(
+            f"--enable-control-api without an API key would let anyone who reaches {host} "
+            "pause the server, load weights and write files: set --api-key-file, or serve on "
+            "127.0.0.1"
+        )
+    logger.warning("the control API is on with no API key: anyone on this machine can use it")
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def check_device(device: str) -> None:
     """Refuse a device torch cannot use here before any actor starts, rather than let the
     worker die on its first tensor."""
@@ -144,6 +169,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_sessions=args.max_sessions,
         max_n=args.max_n,
         max_logprobs=args.max_logprobs,
+        allow_special_tokens_in_messages=args.allow_special_tokens_in_messages,
+        allow_weight_cast=args.allow_weight_cast,
         logprobs_mode=args.logprobs_mode,
         data_parallel_size=args.data_parallel_size,
         tensor_parallel_size=args.tensor_parallel_size,
@@ -204,6 +231,7 @@ async def run_server(
                 request_timeout=args.request_timeout or None,
                 enable_control_api=args.enable_control_api,
                 strict_fields=args.strict_fields,
+                output_root=args.output_root.resolve(),
                 log_config=LogConfig(
                     log_requests=args.log_requests,
                     log_requests_level=args.log_requests_level,

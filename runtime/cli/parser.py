@@ -188,6 +188,25 @@ def build_parser() -> argparse.ArgumentParser:
         "so set an API key too",
     )
     serve.add_argument(
+        "--output-root",
+        type=Path,
+        default=Path("."),
+        help="where control routes may have files written (request dumps, profiles): this "
+        "folder, or a folder directly in it",
+    )
+    serve.add_argument(
+        "--allow-special-tokens-in-messages",
+        action="store_true",
+        help="let chat messages hold the tokenizer's special tokens (e.g. <|im_end|>), which "
+        "then act as control tokens; refused by default",
+    )
+    serve.add_argument(
+        "--allow-weight-cast",
+        action="store_true",
+        help="let weight updates come in another dtype than the served checkpoint's (or the "
+        "serving dtype), cast to the serving dtype; refused by default",
+    )
+    serve.add_argument(
         "--strict-fields",
         action="store_true",
         help="answer a request field this server does not know with a 400, instead of "

@@ -62,6 +62,11 @@ class EngineConfig:
         max_sessions: sessions (`open_session`) open at once.
         max_n: most samples (`n`) one request may ask for.
         max_logprobs: most top log-probabilities one request may ask for per position.
+        allow_special_tokens_in_messages: let a chat message's text hold the tokenizer's
+            special tokens (e.g. `<|im_end|>`), which then act as control tokens; else such a
+            message is refused.
+        allow_weight_cast: let weight updates come in another dtype than the served weights
+            came in (or are served in), cast to the served one; else they are refused.
         logprobs_mode: "raw": log-probabilities are the model's own distribution (before
             temperature, penalties and filters), as vLLM's default; "processed": of the
             distribution each token was actually drawn from.
@@ -96,6 +101,8 @@ class EngineConfig:
     max_sessions: int = 1024
     max_n: int = 16
     max_logprobs: int = 20
+    allow_special_tokens_in_messages: bool = False
+    allow_weight_cast: bool = False
     logprobs_mode: Literal["raw", "processed"] = "raw"
     data_parallel_size: int = 1
     tensor_parallel_size: int = 1

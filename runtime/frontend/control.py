@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -42,6 +42,7 @@ class EngineControl:
         self._lock = trio.Lock()
         self._paused = False
         self._released: set[str] = set()  # memory given back (release_memory_occupation)
+        self._operation: tuple[str, float] | None = None  # a long call: what, since when
         self._paused_to_sleep = False  # the release paused generation: the resume unpauses
         self._profiling: ProfileRequest | None = None
 
@@ -102,6 +103,8 @@ class EngineControl:
         """Change the settings that may change live (LIVE_SETTINGS); ValueError naming any
         other, or a bad value, and then nothing changes."""
         others = sorted(set(settings) - set(LIVE_SETTINGS))
+        if set(LIVE_SETTINGS) <= settings.keys():
+            raise ValueError(f"give one of {' or '.join(LIVE_SETTINGS)}, not both (aliases)")
         if others:
             raise ValueError(
                 f"cannot change {', '.join(others)} while serving; these can: "
@@ -115,17 +118,19 @@ class EngineControl:
                 await self._calls.control(ops.Configure(value))
 
     @asynccontextmanager
-    async def exclusive(self, *, abort_open: bool, keep_pause: bool) -> AsyncIterator[int]:
-        """A change no other control call may see half-done (a weight update): it holds the
-        turn, with nothing computing. Not paused: new requests wait while open ones finish (or
-        are aborted, with `abort_open`), and everything resumes after (unless `keep_pause`).
-        Yields how many requests were open; ValueError if the weights are released. Shielded:
-        a caller that leaves does not stop the change midway."""
+    async def exclusive(
+        self, what: str, *, abort_open: bool, keep_pause: bool
+    ) -> AsyncIterator[int]:
+        """A change no other control call may see half-done (a weight update, named `what`):
+        it holds the turn, with nothing computing. Not paused: new requests wait while open
+        ones finish (or are aborted, with `abort_open`), and everything resumes after (unless
+        `keep_pause`). Yields how many requests were open; ValueError if the weights are
+        released. Shielded: a caller that leaves does not stop the change midway."""
         async with self._lock:
             if "weights" in self._released:
                 raise ValueError("the weights are released: resume_memory_occupation first")
             num_open = len(self._requests)
-            with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True), self._doing(what):
                 pausing = not self._paused
                 if pausing:
                     await self._pause("abort" if abort_open else "wait")
@@ -134,6 +139,23 @@ class EngineControl:
                 finally:
                     if pausing and not keep_pause:
                         await self._resume()
+
+    @property
+    def busy(self) -> str:
+        """The long control call under way, and for how long ("" if none): health checks
+        say it instead of waiting on a worker that is loading weights."""
+        if self._operation is None:
+            return ""
+        what, since = self._operation
+        return f"{what} for {trio.current_time() - since:.1f} s"
+
+    @contextlib.contextmanager
+    def _doing(self, what: str) -> Iterator[None]:
+        self._operation = (what, trio.current_time())
+        try:
+            yield
+        finally:
+            self._operation = None
 
     # -- memory -----------------------------------------------------------------------------
 
@@ -157,7 +179,8 @@ class EngineControl:
                 await self._pause(pause_mode)  # holds new requests; nothing in flight after
                 self._paused_to_sleep = True
             try:
-                await self._calls.control(ops.ReleaseMemory(wanted))
+                with self._doing("release_memory_occupation"):
+                    await self._calls.control(ops.ReleaseMemory(wanted))
             except ValueError:
                 if self._paused_to_sleep and not self._released:
                     self._paused_to_sleep = False
@@ -171,7 +194,8 @@ class EngineControl:
         async with self._lock:
             wanted = tuple(t for t in memory_tags(tags) if t in self._released)
             if wanted:
-                await self._calls.control(ops.ResumeMemory(wanted))
+                with self._doing("resume_memory_occupation"):
+                    await self._calls.control(ops.ResumeMemory(wanted))
                 self._released.difference_update(wanted)
                 if "weights" in wanted:  # reloaded from their checkpoint: updates are gone
                     self._served.reloaded()

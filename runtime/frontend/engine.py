@@ -199,8 +199,13 @@ class Engine(EngineClient):
     async def wait_no_requests(self) -> None:
         await self.requests.wait_none()
 
-    async def check_health(self) -> None:
+    async def check_health(self) -> str:
+        busy = self.control.busy
+        if busy:  # the worker is loading weights: the scheduler answers for the engine
+            await self._calls.ping(through_worker=False)
+            return busy
         await self._calls.ping()
+        return ""
 
     async def diagnose(self) -> str:
         """Which actor is not answering, after a health check did not return in time."""
@@ -211,6 +216,7 @@ class Engine(EngineClient):
 
     def server_info(self) -> dict[str, Any]:
         settings = dataclasses.asdict(self.config)
+        settings["control_operation"] = self.control.busy or None
         live = self.statistics().per_rank()[0].scheduler.max_num_seqs  # the same in each group
         settings["max_num_seqs"] = live or self.config.max_num_seqs
         if self.ready is not None:  # what the actors run, read back from them

@@ -85,6 +85,17 @@ class InputProcessor:
         # the most bytes of text one token can stand for (a UTF-8 token string is no shorter)
         self.max_token_bytes = max(len(token.encode()) for token in tokenizer.get_vocab()) or 1
         self._threads = trio.CapacityLimiter(2)
+        # a chat message's text must not smuggle in control tokens (an <|im_end|> that ends
+        # the user's turn early, an EOS): a client writes text, the template writes structure
+        specials = {str(t) for t in tokenizer.all_special_tokens} | {
+            str(t.content) for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+            if getattr(t, "special", False)
+        }  # fmt: skip
+        self._specials = (
+            None
+            if config.allow_special_tokens_in_messages or not specials
+            else re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
+        )
 
     def check_fits(self, *texts: str) -> None:
         """Refuse, before tokenizing them, texts too long for the context whatever the tokens."""
@@ -123,11 +134,12 @@ class InputProcessor:
     async def apply_chat_template_async(
         self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None = None
     ) -> str:
+        self.check_messages(messages)
         texts = [value for m in messages for value in m.values()]  # contents, names, roles
         if sum(len(t) for t in texts) < INLINE_CHARS:
-            return self.apply_chat_template(messages, template_kwargs)
+            return self._render(messages, template_kwargs)
         self.check_fits(*texts)  # the render holds them all
-        return await self._in_thread(self.apply_chat_template, messages, template_kwargs)
+        return await self._in_thread(self._render, messages, template_kwargs)
 
     async def _in_thread(self, fn: Callable[..., T], *args: object) -> T:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._threads)
@@ -137,6 +149,12 @@ class InputProcessor:
     ) -> str:
         """The conversation rendered, ready for the reply; `template_kwargs` are variables the
         template may read (e.g. Qwen3's `enable_thinking`), never its own arguments."""
+        self.check_messages(messages)
+        return self._render(messages, template_kwargs)
+
+    def _render(
+        self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None
+    ) -> str:
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("this model has no chat template; use /v1/completions")
         kwargs = dict(template_kwargs or {})
@@ -150,6 +168,24 @@ class InputProcessor:
         except Exception as exc:  # jinja errors from a template that rejects the messages
             raise ValueError(f"the chat template rejected the messages: {exc}") from None
         return str(text)
+
+    def check_messages(self, messages: list[dict[str, str]]) -> None:
+        """Each message's text: valid Unicode, and no special token (unless allowed)."""
+        for i, message in enumerate(messages):
+            for key, value in message.items():
+                try:
+                    value.encode()
+                except UnicodeEncodeError:
+                    raise ValueError(
+                        f"messages[{i}].{key}: is not valid Unicode text (a lone surrogate?)"
+                    ) from None
+                found = self._specials.search(value) if self._specials is not None else None
+                if found is not None:
+                    raise ValueError(
+                        f"messages[{i}].{key} holds the special token {found.group()!r}, which "
+                        "would act as a control token (--allow-special-tokens-in-messages "
+                        "lets it through)"
+                    )
 
     def prompt_token_ids(self, prompt: str | Sequence[int]) -> tuple[int, ...]:
         if isinstance(prompt, str):

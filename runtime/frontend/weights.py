@@ -32,6 +32,15 @@ from runtime.wire import control as ops
 MAX_WEIGHT_VALUES = 100_000  # what get_weights_by_name may return: a check, not a download
 
 
+def op_name(op: ops.ControlOp) -> str:
+    """How a health check names a weight update under way."""
+    return {
+        ops.UpdateWeights: "update_weights_from_disk",
+        ops.UpdateWeightsFromFile: "update_weights_from_tensor",
+        ops.UpdateWeightsFromGroup: "update_weights_from_distributed",
+    }.get(type(op), type(op).__name__)
+
+
 class WeightUpdates:
     def __init__(
         self,
@@ -186,7 +195,7 @@ class WeightUpdates:
         num_open = 0
         try:
             async with self._control.exclusive(
-                abort_open=abort_all_requests, keep_pause=keep_pause
+                op_name(op), abort_open=abort_all_requests, keep_pause=keep_pause
             ) as num_open:
                 queued()
                 await self._calls.control(op)

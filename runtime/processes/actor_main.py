@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -25,12 +26,14 @@ from runtime.config.engine import EngineConfig
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def exit_when_parent_dies() -> None:
+def exit_when_parent_dies(ipc_dir: str | None) -> None:
     def watch() -> None:
         # The raw fd, not sys.stdin: a daemon thread blocked inside a buffered reader aborts
         # the interpreter at exit ("could not acquire lock for <stdin>").
         while os.read(0, 4096):  # b"" only at EOF: the parent closed the pipe or died
             pass
+        if ipc_dir is not None:  # a SIGKILLed parent cannot remove our sockets' folder
+            shutil.rmtree(ipc_dir, ignore_errors=True)
         os._exit(0)
 
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
@@ -40,7 +43,7 @@ def main() -> None:
     role, spec = sys.argv[1], json.loads(sys.argv[2])
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # trio.run leaves an ignored SIGINT alone
-    exit_when_parent_dies()
+    exit_when_parent_dies(spec.get("ipc_dir"))
     logging.basicConfig(level=spec.get("log_level", logging.WARNING), format=LOG_FORMAT)
     config = EngineConfig.from_dict(spec["config"])
     if role == "scheduler":

@@ -138,6 +138,7 @@ async def _start_processes(
     spec: dict[str, object] = {
         "config": config.to_dict(),
         "eos_token_ids": sorted(group.eos_token_ids),
+        "ipc_dir": directory,  # removed by the children too, should we be SIGKILLed
         "dp_rank": dp_rank,
         "log_level": logging.getLogger().getEffectiveLevel(),  # children log as we do
     }

@@ -87,8 +87,10 @@ class EngineClient(Protocol):
         the actors reported (KV blocks, dtype, threads) and the live `max_num_seqs`."""
         ...
 
-    async def check_health(self) -> None:
-        """Return once every actor has answered; callers put a deadline around it."""
+    async def check_health(self) -> str:
+        """Return once every actor has answered ("" then), or, while a long control call
+        runs (a weight update), once the scheduler has (naming the call); callers put a
+        deadline around it."""
         ...
 
     async def diagnose(self) -> str:

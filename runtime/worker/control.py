@@ -96,7 +96,7 @@ class WorkerControl:
     def _install_file(self, path: str) -> str:
         tensors, error = self.weights.read_file(path)  # every rank reads the same file
         if not error:
-            error = self.weights.check([(name, t.dtype, tuple(t.shape)) for name, t in tensors])
+            error = self.weights.check_values(tensors)
         error = agree(self.tp, error)
         if error:
             return error

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -61,10 +61,20 @@ def count_tensors(files: list[Path]) -> int:
     return total
 
 
-def load_weights(model: nn.Module, model_dir: str | Path, progress: bool = False) -> None:
-    """Copy every tensor of the checkpoint into `model`, checking names and shapes. With
-    `progress`: a bar where stderr is a terminal (never carriage returns in a log file),
-    and a line once loaded."""
+# safetensors' dtype names
+DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def load_weights(
+    model: nn.Module,
+    model_dir: str | Path,
+    progress: bool = False,
+    dtypes: Collection[torch.dtype] | None = None,
+) -> frozenset[torch.dtype]:
+    """Copy every tensor of the checkpoint into `model`, checking names, shapes, finite
+    values and (if `dtypes` is given) dtypes; returns the dtypes the checkpoint had. With
+    `progress`: a bar where stderr is a terminal (never carriage returns in a log file), and
+    a line once loaded."""
     started = time.monotonic()
     files = safetensors_files(Path(model_dir))
     params = dict(model.named_parameters())
@@ -72,6 +82,7 @@ def load_weights(model: nn.Module, model_dir: str | Path, progress: bool = False
     tied = getattr(getattr(model, "args", None), "tie_word_embeddings", False)
     wanted = _wanted(model) - {("lm_head.weight", None)} if tied else _wanted(model)
     loaded: set[tuple[str, int | None]] = set()
+    seen: set[torch.dtype] = set()
     tensors = iter_slices(files)
     if progress:
         total = count_tensors(files)  # disable=None: no bar unless stderr is a terminal
@@ -84,8 +95,11 @@ def load_weights(model: nn.Module, model_dir: str | Path, progress: bool = False
             if target not in params:
                 raise CheckpointError(f"checkpoint tensor {name!r} has no place in the model")
             slot = _slot(model, target, shard)
-            if not source.get_dtype().startswith(("F", "BF")):
+            dtype = DTYPES.get(source.get_dtype())
+            if dtype is None:
                 raise CheckpointError(f"{name}: dtype {source.get_dtype()} is not floating point")
+            check_dtype(name, dtype, dtypes)
+            seen.add(dtype)
             if tuple(source.get_shape()) != slot.full_shape:
                 raise CheckpointError(
                     f"{name}: checkpoint shape {tuple(source.get_shape())} != model shape "
@@ -94,6 +108,7 @@ def load_weights(model: nn.Module, model_dir: str | Path, progress: bool = False
             if (target, shard) in loaded:
                 raise CheckpointError(f"checkpoint tensor {name!r} appears twice")
             slot.dest.copy_(slot.take(source))
+            check_finite(name, slot.dest)
             loaded.add((target, shard))
     missing = wanted - loaded
     if missing:
@@ -102,17 +117,40 @@ def load_weights(model: nn.Module, model_dir: str | Path, progress: bool = False
     if progress:
         seconds = time.monotonic() - started
         log.info("loaded %d tensors from %s in %.1f s", len(loaded), model_dir, seconds)
+    return frozenset(seen)
 
 
-def install_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+def check_dtype(name: str, dtype: torch.dtype, dtypes: Collection[torch.dtype] | None) -> None:
+    """A tensor comes in a dtype the served weights came in (or are served in), else it is
+    refused rather than cast: new weights are what they claim to be."""
+    if dtypes is not None and dtype not in dtypes:
+        expected = " or ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+        raise CheckpointError(
+            f"{name}: dtype {str(dtype).removeprefix('torch.')}, but the served weights are "
+            f"{expected} (--allow-weight-cast lets it be cast)"
+        )
+
+
+def check_finite(name: str, tensor: torch.Tensor) -> None:
+    """NaN or infinite weights would end every request at once with garbage: refused."""
+    if not bool(torch.isfinite(tensor).all()):
+        raise CheckpointError(f"{name}: holds NaN or infinite values")
+
+
+def install_tensors(
+    model: nn.Module,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    dtypes: Collection[torch.dtype] | None = None,
+) -> int:
     """Copy named tensors (checkpoint names, or ours) over the model's weights: a partial
     update, as a trainer pushes them. Every tensor is checked (a known name, once, its exact
-    shape, a floating dtype) before any is copied, so on a `CheckpointError` nothing changed.
-    Returns how many were installed."""
+    shape, a dtype among `dtypes` if given, finite values) before any is copied, so on a
+    `CheckpointError` nothing changed. Returns how many were installed."""
     plan: list[tuple[str, Slot, torch.Tensor]] = []
     for name, tensor in tensors:
-        slot = check_tensor(model, name, tensor.shape, tensor.dtype)
+        slot = check_tensor(model, name, tensor.shape, tensor.dtype, dtypes)
         if slot is not None:
+            check_finite(name, tensor)
             plan.append((name, slot, tensor))
     check_disjoint([(name, slot.dest) for name, slot, _ in plan])
     with torch.no_grad():
@@ -122,7 +160,11 @@ def install_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]
 
 
 def check_tensor(
-    model: nn.Module, name: str, shape: Sequence[int], dtype: torch.dtype
+    model: nn.Module,
+    name: str,
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    dtypes: Collection[torch.dtype] | None = None,
 ) -> Slot | None:
     """Where `name` updates the model, if a tensor of `shape` and `dtype` fits it (None
     for what checkpoints carry and we ignore: a tied LM head, rotary buffers); else a
@@ -136,6 +178,7 @@ def check_tensor(
         raise CheckpointError(f"tensor {name!r} has no place in the model") from None
     if not dtype.is_floating_point:
         raise CheckpointError(f"{name}: dtype {dtype} is not a floating point type")
+    check_dtype(name, dtype, dtypes)
     if slot.full_shape != tuple(shape):
         raise CheckpointError(f"{name}: shape {tuple(shape)} != model shape {slot.full_shape}")
     return slot

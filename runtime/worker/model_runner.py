@@ -81,7 +81,7 @@ class ModelRunner:
         self.kernels = select_kernels(config.attention_backend, self.device, self.info.dtype)
         self.attention_backend = "torch" if self.kernels is None else self.kernels.name
         shape = ModelShape(self.info, args, self.max_model_len, tp, self.device, self.kernels)
-        self.weights = ServedWeights(shape, config.model, progress)
+        self.weights = ServedWeights(shape, config.model, progress, config.allow_weight_cast)
         assert self.weights.model is not None
         workers = config.data_parallel_size * config.tensor_parallel_size
         parameters = sum(p.numel() for p in self.weights.model.parameters())

@@ -3,10 +3,13 @@ Chrome trace (runtime/tracing.py names the files)."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from runtime.tracing import ProfileRequest, trace_path
+from runtime.tracing import ProfileRequest, trace_path, write_new
 
 # torch.profiler is one per process: two at once crash it. Workers that share a process (data
 # parallelism in inproc mode) therefore take turns: the first to start records every thread's
@@ -61,9 +64,11 @@ class WorkerProfiler:
         _recording = False
         prof.stop()
         path = trace_path(request.output_dir, self.name)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            prof.export_chrome_trace(str(path))
+        try:  # torch writes where it is told: into a folder of ours, then copied out new
+            with tempfile.TemporaryDirectory() as private:
+                exported = Path(private) / "trace.json"
+                prof.export_chrome_trace(str(exported))
+                write_new(path, exported.read_bytes())
         except OSError as exc:
             return f"could not write {path}: {exc}"
         return ""

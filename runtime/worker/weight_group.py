@@ -22,15 +22,19 @@ import threading
 import time
 from collections.abc import Sequence
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 from torch import distributed as dist
 
-# How long connecting to the trainer's store, the rendezvous, and an update's broadcasts
-# (together) may each take before the call fails: the trainer is late, gone, or sent less.
+# How long joining (connecting to the trainer's store, the rendezvous) may take before the join
+# fails and frees its name; how long an update's broadcasts may take together, and each one:
+# past them the trainer is late, gone, or sent less, and the old weights serve on.
+JOIN_TIMEOUT = timedelta(seconds=120)
+CONNECT_TRY = timedelta(seconds=2)  # a cancelled join stops waiting within this
 GROUP_TIMEOUT = timedelta(seconds=300)
+TENSOR_TIMEOUT = timedelta(seconds=60)
 BACKENDS = ("gloo", "nccl")
 
 # The dtypes a trainer may name, as SGLang's clients spell them ("bfloat16", "torch.float32").
@@ -75,10 +79,16 @@ def parse_specs(
 
 
 def join(
-    address: str, port: int, rank: int, world_size: int, backend: str, device: torch.device
+    address: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    backend: str,
+    device: torch.device,
+    cancelled: threading.Event | None = None,
 ) -> WeightGroup:
-    """Join the trainer's world as `rank`; blocks until every rank has (or GROUP_TIMEOUT).
-    `backend` "" is nccl on CUDA, gloo elsewhere."""
+    """Join the trainer's world as `rank`; blocks until every rank has (or JOIN_TIMEOUT, or
+    until `cancelled` is set). `backend` "" is nccl on CUDA, gloo elsewhere."""
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     if backend not in BACKENDS:
         raise WeightGroupError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
@@ -90,7 +100,7 @@ def join(
             f"{rank} of {world_size}"
         )
     try:
-        store: dist.Store = dist.TCPStore(address, port, world_size, False, timeout=GROUP_TIMEOUT)
+        store = connect(address, port, world_size, cancelled or threading.Event())
         store = dist.PrefixStore("default_pg", store)  # as init_process_group names its world
         store = dist.PrefixStore("0/", store)  # the default group's name
         if backend == "gloo":
@@ -106,11 +116,29 @@ def join(
     return WeightGroup(group, rank, world_size, device)
 
 
+def connect(address: str, port: int, world_size: int, cancelled: threading.Event) -> dist.Store:
+    """A client of the trainer's store. Connecting blocks inside torch, where nothing can
+    interrupt it, so it is tried for CONNECT_TRY at a time until JOIN_TIMEOUT: a join that
+    was cancelled meanwhile gives up after the try under way."""
+    deadline = time.monotonic() + JOIN_TIMEOUT.total_seconds()
+    while True:
+        left = deadline - time.monotonic()
+        try_for = timedelta(seconds=max(min(left, CONNECT_TRY.total_seconds()), 0.001))
+        try:
+            store = dist.TCPStore(address, port, world_size, False, timeout=try_for)
+        except RuntimeError:
+            if cancelled.is_set() or left <= CONNECT_TRY.total_seconds():
+                raise
+            continue
+        store.set_timeout(JOIN_TIMEOUT)  # the rendezvous waits on it for the other ranks
+        return store
+
+
 def receive(
     group: WeightGroup, specs: list[tuple[str, torch.dtype, tuple[int, ...]]]
 ) -> list[tuple[str, torch.Tensor]]:
-    """One broadcast from rank 0 per named tensor, in order, each into a fresh tensor; all of
-    them within GROUP_TIMEOUT (generation is paused meanwhile).
+    """One broadcast from rank 0 per named tensor, in order, each into a fresh tensor; each
+    within TENSOR_TIMEOUT, all within GROUP_TIMEOUT (generation is paused meanwhile).
 
     The trainer must send exactly what was announced. A broadcast larger than announced (a
     float32 tensor announced as bfloat16) makes gloo abort the whole process: it cannot be
@@ -125,7 +153,8 @@ def receive(
         options.rootTensor = 0
         try:
             work = group.backend.broadcast([tensor], options)  # type: ignore[attr-defined]
-            work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+            left = min(deadline - time.monotonic(), TENSOR_TIMEOUT.total_seconds())
+            work.wait(timedelta(seconds=max(left, 0.001)))
         except RuntimeError as exc:  # the trainer left, or sent less than announced in time
             raise WeightGroupError(f"receiving {name!r} failed: {exc}") from None
         received.append((name, tensor))
@@ -139,6 +168,13 @@ def leave(group: WeightGroup) -> None:
             shutdown()
 
 
+@dataclass(eq=False)
+class Joining:
+    """A join waiting for its trainer (its identity tells it from a later join of the name)."""
+
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
 class WeightGroups:
     """The trainers' groups a worker has joined, by name. Joins run in threads of their own
     while steps go on, so the names are reserved under a lock: a second join of a name that
@@ -146,29 +182,38 @@ class WeightGroups:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._groups: dict[str, WeightGroup | None] = {}  # None: joining
+        self._groups: dict[str, WeightGroup | Joining] = {}
         self._lock = threading.Lock()
 
     def join(
         self, name: str, address: str, port: int, rank: int, world_size: int, backend: str
     ) -> str:
-        """Join (blocking until the trainer comes, or GROUP_TIMEOUT); "" or what went wrong."""
+        """Join (blocking until the trainer comes, or JOIN_TIMEOUT); "" or what went wrong.
+        `leave` cancels a join still waiting: its name is free at once."""
+        joining = Joining()
         with self._lock:
             if name in self._groups:
                 return f"a weight update group named {name!r} exists already"
-            self._groups[name] = None
+            self._groups[name] = joining
         try:
-            group = join(address, port, rank, world_size, backend, self.device)
+            group = join(address, port, rank, world_size, backend, self.device, joining.cancelled)
         except WeightGroupError as exc:
-            with self._lock:
-                del self._groups[name]
+            self._forget(name, joining)
             return str(exc)
         with self._lock:
-            self._groups[name] = group
-        return ""
+            if self._groups.get(name) is joining:
+                self._groups[name] = group
+                return ""
+        leave(group)  # cancelled while it waited for the trainer
+        return f"the join of {name!r} was cancelled (destroy_weights_update_group)"
+
+    def _forget(self, name: str, joining: Joining) -> None:
+        with self._lock:
+            if self._groups.get(name) is joining:
+                del self._groups[name]
 
     def joined(self, name: str) -> bool:
-        return self._groups.get(name) is not None
+        return isinstance(self._groups.get(name), WeightGroup)
 
     def receive(
         self, name: str, specs: list[tuple[str, torch.dtype, tuple[int, ...]]]
@@ -176,7 +221,7 @@ class WeightGroups:
         """The tensors the trainer broadcasts on joined group `name`, or what went wrong (and
         then the group is left: it is out of step with the trainer)."""
         group = self._groups[name]
-        assert group is not None, "joined first"
+        assert isinstance(group, WeightGroup), "joined first"
         try:
             return receive(group, specs), ""
         except WeightGroupError as exc:
@@ -188,16 +233,23 @@ class WeightGroups:
         return f"{error} (the weight update group {name!r} was left: init it again)"
 
     def leave(self, name: str) -> str:
+        """Leave a joined group, or cancel a join still waiting for its trainer."""
         with self._lock:
-            group = self._groups.get(name)
-            if group is None:  # unknown, or still joining
-                return f"no weight update group named {name!r}"
-            del self._groups[name]
-        leave(group)
+            group = self._groups.pop(name, None)
+        if group is None:
+            return f"no weight update group named {name!r}"
+        if isinstance(group, WeightGroup):
+            leave(group)
+        else:
+            group.cancelled.set()
         return ""
 
     def leave_all(self) -> None:
         with self._lock:
-            groups, self._groups = [g for g in self._groups.values() if g is not None], {}
+            groups = [g for g in self._groups.values() if isinstance(g, WeightGroup)]
+            for joining in self._groups.values():
+                if isinstance(joining, Joining):
+                    joining.cancelled.set()
+            self._groups = {}
         for group in groups:
             leave(group)
