@@ -32,7 +32,9 @@ def new_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(llama_dir: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(llama_dir, "--dtype", "float32", "--enable-control-api")
+    proc = ServerProcess(
+        llama_dir, "--dtype", "float32", "--enable-control-api", "--allow-weight-cast"
+    )
     yield proc
     proc.terminate()
 
@@ -113,6 +115,24 @@ async def test_a_bad_announcement_changes_nothing_and_leaves_the_group(
             assert unknown["success"] is False and "init it first" in unknown["message"]
             left = await client.destroy_weights_update_group()
             assert left["success"] is False  # the failed update left it already
+    assert generate(server)["output_ids"] == reference(llama_dir)
+
+
+async def test_a_trainer_that_sends_another_dtype_than_announced_fails_the_update_only(
+    server: ServerProcess, llama_dir: Path, new_weights: Path
+) -> None:
+    """More bytes than announced used to abort the worker inside gloo; fewer, to pass."""
+    await restore(server, llama_dir)
+    checkpoint = new_weights / "model.safetensors"  # float32
+    for announced, sent, word in (("bfloat16", "float32", "more"), ("float32", "bfloat16", "less")):
+        port = free_port()
+        with trainer_process(port, checkpoint, "--send-as", sent):
+            async with Client(server.url) as client:
+                assert (await client.init_weights_update_group("127.0.0.1", port, 1, 2))["success"]
+                specs = tensor_specs(checkpoint)
+                specs["dtypes"] = [announced] * len(specs["names"])
+                failed = await client.update_weights_from_distributed(**specs)
+                assert failed["success"] is False and f"sent {word} than" in failed["message"]
     assert generate(server)["output_ids"] == reference(llama_dir)
 
 

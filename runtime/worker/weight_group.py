@@ -36,6 +36,7 @@ CONNECT_TRY = timedelta(seconds=2)  # a cancelled join stops waiting within this
 GROUP_TIMEOUT = timedelta(seconds=300)
 TENSOR_TIMEOUT = timedelta(seconds=60)
 BACKENDS = ("gloo", "nccl")
+CANARY = 8  # bytes that tell a longer or shorter broadcast than announced (receive_checked)
 
 # The dtypes a trainer may name, as SGLang's clients spell them ("bfloat16", "torch.float32").
 DTYPES = {
@@ -43,6 +44,7 @@ DTYPES = {
     for name, dtype in vars(torch).items()
     if isinstance(dtype, torch.dtype) and dtype.is_floating_point
 }
+MAX_ITEMSIZE = max(dtype.itemsize for dtype in DTYPES.values())
 
 
 class WeightGroupError(ValueError):
@@ -138,27 +140,49 @@ def receive(
     group: WeightGroup, specs: list[tuple[str, torch.dtype, tuple[int, ...]]]
 ) -> list[tuple[str, torch.Tensor]]:
     """One broadcast from rank 0 per named tensor, in order, each into a fresh tensor; each
-    within TENSOR_TIMEOUT, all within GROUP_TIMEOUT (generation is paused meanwhile).
-
-    The trainer must send exactly what was announced. A broadcast larger than announced (a
-    float32 tensor announced as bfloat16) makes gloo abort the whole process: it cannot be
-    caught, so the announced dtypes must be the trainer's own.
-    """
+    within TENSOR_TIMEOUT, all within GROUP_TIMEOUT (generation is paused meanwhile)."""
     deadline = time.monotonic() + GROUP_TIMEOUT.total_seconds()
     received = []
     for name, dtype, shape in specs:
         tensor = torch.empty(shape, dtype=dtype, device=group.device)
-        options = dist.BroadcastOptions()
-        options.rootRank = 0
-        options.rootTensor = 0
+        left = min(deadline - time.monotonic(), TENSOR_TIMEOUT.total_seconds())
         try:
-            work = group.backend.broadcast([tensor], options)  # type: ignore[attr-defined]
-            left = min(deadline - time.monotonic(), TENSOR_TIMEOUT.total_seconds())
-            work.wait(timedelta(seconds=max(left, 0.001)))
+            if group.device.type == "cpu":
+                receive_checked(group, tensor, timedelta(seconds=max(left, 0.001)))
+            else:
+                broadcast(group, tensor, timedelta(seconds=max(left, 0.001)))
         except RuntimeError as exc:  # the trainer left, or sent less than announced in time
             raise WeightGroupError(f"receiving {name!r} failed: {exc}") from None
         received.append((name, tensor))
     return received
+
+
+def broadcast(group: WeightGroup, tensor: torch.Tensor, timeout: timedelta) -> None:
+    """Receive rank 0's broadcast into `tensor`, which must be exactly its size."""
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    options.rootTensor = 0
+    work = group.backend.broadcast([tensor], options)  # type: ignore[attr-defined]
+    work.wait(timeout)
+
+
+def receive_checked(group: WeightGroup, tensor: torch.Tensor, timeout: timedelta) -> None:
+    """`broadcast` into `tensor` when the trainer may send another size than it announced
+    (another dtype): gloo aborts the whole process when more bytes come than the receiving
+    buffer holds, so they are received into bytes with room for MAX_ITEMSIZE an element, with
+    random canary bytes either side of where the announced size ends. A longer message
+    overwrites the canary after the end, a shorter one leaves the one before it."""
+    size = tensor.numel() * tensor.element_size()
+    buffer = torch.empty(tensor.numel() * MAX_ITEMSIZE + CANARY, dtype=torch.uint8)
+    start = max(size - CANARY, 0)
+    canary = torch.randint(0, 256, (size + CANARY - start,), dtype=torch.uint8)
+    buffer[start : size + CANARY] = canary
+    broadcast(group, buffer, timeout)
+    if not torch.equal(buffer[size : size + CANARY], canary[size - start :]):
+        raise RuntimeError(f"the trainer sent more than the announced {size} bytes")
+    if size and torch.equal(buffer[start:size], canary[: size - start]):
+        raise RuntimeError(f"the trainer sent less than the announced {size} bytes")
+    tensor.reshape(-1).view(torch.uint8).copy_(buffer[:size])
 
 
 def leave(group: WeightGroup) -> None:
