@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from importlib.resources import files
+from pathlib import Path
 
 from api.app import create_app
 from api.http.state import ServerSettings
@@ -50,3 +51,8 @@ def test_the_page_has_no_inline_code_and_uses_no_other_host() -> None:
             forbidden = r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|eval\(|Function\("
             assert not re.search(forbidden, text), name
 
+
+def test_docs_screenshot_is_committed() -> None:
+    """The README shows docs/playground.png (written by tools/playground_screenshot.py)."""
+    shot = Path(__file__).resolve().parents[1] / "docs" / "playground.png"
+    assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
