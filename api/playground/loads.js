@@ -21,7 +21,7 @@ function show(loads) {
 async function poll() {
   if (paused || document.hidden) return;
   try {
-    show((await getJSON("/v1/loads")).loads || []);
+    show((await getJSON("v1/loads")).loads || []);
   } catch (err) {
     paused = err.status === 401;
     set("load-running", paused ? "needs the API key" : "?");

@@ -13,7 +13,7 @@ import {
 import { loadConversations, newConversation, saveConversations, savedCurrent } from "./store.js";
 
 const $ = (id) => document.getElementById(id);
-const PATHS = { chat: "/v1/chat/completions", completion: "/v1/completions" };
+const PATHS = { chat: "v1/chat/completions", completion: "v1/completions" };
 const state = { conversations: [], current: null, controller: null };
 
 function conversation() {
@@ -150,7 +150,7 @@ function editLast() {
 
 async function loadModels() {
   try {
-    const { data } = await getJSON("/v1/models");
+    const { data } = await getJSON("v1/models");
     const select = $("model");
     select.replaceChildren(...data.map(({ id }) => new Option(id, id)));
     const saved = savedSettings().model;

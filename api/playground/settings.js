@@ -42,6 +42,7 @@ export function readSettings() {
 
 export function saveSettings() {
   const { mode, ...values } = readSettings();
+  if (!values.model) values.model = savedSettings().model;  // the list has not come yet
   localStorage.setItem(SETTINGS, JSON.stringify(values));
 }
 
