@@ -18,13 +18,14 @@ from api.http import uploads
 from api.http.errors import APIError, engine_stopped, timed_out
 from api.http.fields import header_value
 from api.http.state import ServerSettings, ServerState
-from api.routes import control, native, openai, operator, trl, weights
+from api.routes import control, native, openai, operator, playground, trl, weights
 from api.routes.openai_schemas import DetokenizeRequest, TokenizeRequest
 from api.routes.openapi import openapi
 from runtime.protocol import EngineClient, EngineDeadError, RequestTimeoutError
 
-# Paths anyone may read without the API key: probes and scrapers rarely carry one.
-_PUBLIC = frozenset({"/health", "/metrics", "/openapi.json"})
+# Paths anyone may read without the API key: probes and scrapers rarely carry one; the
+# playground page holds no data (its API calls send the key the user types).
+_PUBLIC = frozenset({"/health", "/metrics", "/openapi.json"}) | playground.public_paths()
 DUMP_DRAIN_TIMEOUT = 10.0  # seconds the last dumped requests get to be written at shutdown
 
 
@@ -48,6 +49,7 @@ def create_app(engine: EngineClient, settings: ServerSettings) -> QuartTrio:
     control.register(app, state)
     operator.register(app, state)
     trl.register(app, state)
+    playground.register(app, state)
     _register_errors(app)
 
     @app.before_serving

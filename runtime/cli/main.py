@@ -261,7 +261,11 @@ async def run_server(
                 ready.set()
                 gc.collect()
                 gc.freeze()  # tokenizer, app, engine: long-lived, out of every later GC pass
-                logger.info("serving %s at %s (OpenAI API under %s/v1)", name, binds[0], binds[0])
+                url = binds[0]
+                logger.info(
+                    "serving %s at %s (OpenAI API under %s/v1, playground page at %s/)",
+                    *(name, url, url, url),
+                )
         nursery.cancel_scope.cancel()
 
 

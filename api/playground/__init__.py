@@ -1,0 +1,1 @@
+"""The playground page's files (HTML, CSS, JavaScript), served by api/routes/playground.py."""
