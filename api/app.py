@@ -5,16 +5,15 @@
 
 from __future__ import annotations
 
-import hmac
 import time
 from importlib.metadata import version
 
 import trio
 from quart import Response, g, jsonify, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from api.http import uploads
+from api.http.budget import BodyBudget, bearer_is
 from api.http.errors import APIError, engine_stopped, timed_out
 from api.http.fields import header_value
 from api.http.state import ServerSettings, ServerState
@@ -31,17 +30,20 @@ DUMP_DRAIN_TIMEOUT = 10.0  # seconds the last dumped requests get to be written 
 
 def create_app(engine: EngineClient, settings: ServerSettings) -> QuartTrio:
     app = QuartTrio(__name__)
-    if settings.enable_control_api:
-        app.request_class = uploads.request_class(weights.UPLOAD_PATHS, settings.api_key)
+    uploading = weights.UPLOAD_PATHS if settings.enable_control_api else frozenset[str]()
+    budget = BodyBudget(
+        lambda: engine.model_card.max_model_len, settings.max_body_bytes, uploading,
+        settings.api_key,
+    )  # fmt: skip
+    app.request_class = budget.request_class()  # each route's byte limit (api/http/budget.py)
     app.config.update(
         RESPONSE_TIMEOUT=None,  # never cut a long stream (Quart's default is 60 s)
         BODY_TIMEOUT=60,
-        MAX_CONTENT_LENGTH=32 * 2**20,
     )
     # keys in the order the handlers build them: a completion's top_logprobs lists the
     # sampled token first, as vLLM's do (Quart sorts them by default)
     app.json.sort_keys = False  # type: ignore[attr-defined]
-    state = ServerState(engine, settings)
+    state = ServerState(engine, settings, budget)
     app.extensions["runtime"] = state
     _register_basics(app, state)
     openai.register(app, state)
@@ -79,11 +81,9 @@ def _register_basics(app: QuartTrio, state: ServerState) -> None:
         key = state.settings.api_key
         if key is None or request.path in _PUBLIC:
             return
-        scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
-        # constant time: how long a wrong key takes must not tell how much of it was right
-        given = given.strip()  # "Bearer  key": clients differ in their spaces
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), key.encode()):
-            state.refusals.note(f"refused a request to {request.path} without the API key")
+        if not bearer_is(request.headers, key):
+            state.refusals.note(f"refused a request to {request.path} without the API key",
+                                request.remote_addr or "?")  # fmt: skip
             raise APIError(
                 401,
                 "missing or wrong API key",
@@ -178,8 +178,12 @@ def _register_errors(app: QuartTrio) -> None:
     async def api_error(error: APIError) -> Response:
         return _error_response(error)
 
+    @app.errorhandler(RequestEntityTooLarge)
+    async def too_large(error: RequestEntityTooLarge) -> Response:
+        return _error_response(server_state(app).budget.too_large(request.path))
+
     @app.errorhandler(HTTPException)
-    async def http_error(error: HTTPException) -> Response:  # 404 route, 405, 413 ...
+    async def http_error(error: HTTPException) -> Response:  # 404 route, 405 ...
         status = error.code or 500
         return _error_response(APIError(status, error.description or error.name))
 

@@ -103,11 +103,13 @@ def control_server(
 ) -> Iterator[ServerProcess]:
     """`runtime serve` on the tiny llama in float32, with --enable-control-api: shared by the
     end-to-end tests of steering (each leaves it unpaused, with its memory resident). Its
-    output root is pytest's base folder: each test's tmp_path is a folder directly in it."""
+    output root is pytest's base folder: each test's tmp_path is a folder directly in it. It
+    streams /generate cumulatively, as docs/rl-frameworks.md tells slime's users to."""
     root = str(tmp_path_factory.getbasetemp())
     proc = ServerProcess(
-        llama_dir, "--dtype", "float32", "--enable-control-api", "--output-root", root
-    )
+        llama_dir, "--dtype", "float32", "--enable-control-api", "--output-root", root,
+        "--cumulative-streaming-output",
+    )  # fmt: skip
     yield proc
     proc.terminate()
 

@@ -143,7 +143,20 @@ async def test_native_generate(client: QuartClient) -> None:
         "/generate",
         json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 3}, "stream": True},
     )
-    chunks = sse_payloads(await response.get_data())
+    chunks = sse_payloads(await response.get_data())  # only what is new in each
+    assert [c["text"] for c in chunks] == ["alpha ", "beta ", "gamma "]
+    assert [c["output_ids"] for c in chunks] == [[0], [1], [2]]
+    assert [c["meta_info"]["completion_tokens"] for c in chunks] == [1, 2, 3]
+
+
+async def test_native_generate_streams_cumulatively_if_asked(engine: FakeEngine) -> None:
+    settings = ServerSettings(served_model_name=MODEL, cumulative_streaming_output=True)
+    async with create_app(engine, settings).test_app() as app:
+        response = await app.test_client().post(
+            "/generate",
+            json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 3}, "stream": True},
+        )
+        chunks = sse_payloads(await response.get_data())
     assert [c["text"] for c in chunks] == ["alpha ", "alpha beta ", "alpha beta gamma "]
     assert chunks[-1]["output_ids"] == [0, 1, 2]
 

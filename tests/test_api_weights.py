@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+import safetensors.torch
+import torch
 from quart.typing import TestClientProtocol as QuartClient
 
 from api.app import create_app
@@ -14,6 +16,10 @@ from tests.api_helpers import MODEL
 from tests.fake_engine import FakeEngine
 
 OCTETS = {"Content-Type": "application/octet-stream"}
+
+
+def safetensors_body(**tensors: torch.Tensor) -> bytes:
+    return safetensors.torch.save(tensors or {"w": torch.zeros(2)})
 
 
 @pytest.fixture
@@ -27,35 +33,60 @@ async def test_a_safetensors_body_reaches_the_engine_as_a_file(
     control: QuartClient, engine: FakeEngine
 ) -> None:
     query = {"weight_version": "v7", "flush_cache": "false"}
+    body = safetensors_body()
     response = await control.post(
-        "/update_weights_from_tensor", data=b"st", headers=OCTETS, query_string=query
+        "/update_weights_from_tensor", data=body, headers=OCTETS, query_string=query
     )
     assert response.status_code == 200
     assert await response.get_json() == {
         "success": True,
         "message": "Succeeded to update model weights.",
     }
-    assert engine.control.updates == [("tensor:st", {"weight_version": "v7", "flush_cache": False})]
-    failed = await control.post("/update_weights_from_tensor", data=b"bad", headers=OCTETS)
+    options = {"weight_version": "v7", "flush_cache": False}
+    assert engine.control.updates == [(f"tensor:{len(body)} bytes", options)]
+    failed = await control.post(
+        "/update_weights_from_tensor", data=safetensors_body(bad=torch.zeros(1)), headers=OCTETS
+    )
     assert failed.status_code == 400 and (await failed.get_json())["success"] is False
 
 
 async def test_a_body_over_the_json_limit_is_taken(
     control: QuartClient, engine: FakeEngine
 ) -> None:
-    big = b"x" * (33 * 2**20)  # over MAX_CONTENT_LENGTH, which still holds elsewhere
+    big = safetensors_body(w=torch.zeros(9 * 2**20))  # 36 MiB
     response = await control.post("/update_weights_from_tensor", data=big, headers=OCTETS)
     assert response.status_code == 200
-    assert len(engine.control.updates[0][0]) == len("tensor:") + len(big)
+    assert engine.control.updates[0][0] == f"tensor:{len(big)} bytes"
     elsewhere = await control.post("/update_weights_from_disk", data=big)
-    assert elsewhere.status_code == 413
+    assert (
+        elsewhere.status_code == 413
+        and "limit of" in (await elsewhere.get_json())["error"]["message"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (b"st", "ended before"),
+        ((2**40).to_bytes(8, "little"), "a header of"),
+        (b"\x02\x00\x00\x00\x00\x00\x00\x00[]", "not a JSON object"),
+        (safetensors.torch.save({"ids": torch.zeros(2, dtype=torch.int64)}), "floating point"),
+        (safetensors.torch.save({"w": torch.zeros(2)}) + b"more", "longer than its header"),
+    ],
+)
+async def test_an_upload_that_is_not_safetensors_is_refused_at_its_header(
+    control: QuartClient, engine: FakeEngine, body: bytes, words: str
+) -> None:
+    response = await control.post("/update_weights_from_tensor", data=body, headers=OCTETS)
+    assert response.status_code == 400 and words in (await response.get_json())["error"]["message"]
+    assert engine.control.updates == []
 
 
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [
         ({"json": {"tensors": "pickled"}}, "pickle"),
-        ({"data": b"st", "headers": OCTETS, "query_string": {"flush_cache": "maybe"}}, "flush"),
+        ({"data": b"", "headers": OCTETS, "query_string": {"flush_cache": "maybe"}}, "flush"),
     ],
 )
 async def test_bad_tensor_updates_are_400s(

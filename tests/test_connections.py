@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -119,6 +120,7 @@ def metric(exposition: bytes, name: str) -> float:
 COMPLETION = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 3}).encode()
 JSON = b"Content-Type: application/json"
 HEADERS = {"Content-Type": "application/json"}
+ENDLESS = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 10**5, "stream": True}).encode()
 
 
 async def test_idle_keep_alive_connections_are_closed() -> None:
@@ -191,30 +193,71 @@ async def test_an_answer_whose_body_never_comes_closes_the_connection(
         assert await reader.until_closed() == b""
 
 
-async def test_connections_beyond_the_cap_get_503_until_one_closes() -> None:
+async def test_at_the_cap_a_new_connection_evicts_the_one_idle_the_longest() -> None:
+    """Sockets held open and silent cannot lock anyone out: they are evicted, oldest first."""
+    limits = ConnectionLimits(max_connections=4, keep_alive_timeout=60)
+    async with running_server(limits) as server:
+        silent = [await server.connect() for _ in range(3)]
+        probe = await server.connect()
+        with trio.fail_after(PATIENCE):
+            while True:  # until the server holds all four
+                await probe.send_all(get("/metrics"))
+                _, _, exposition = await Reader(probe).response()
+                if metric(exposition, "runtime:http_connections_open") == 4:
+                    break
+        newcomers = []
+        for _ in range(6):  # each one evicts the connection idle the longest, silent first
+            newcomers.append(stream := await server.connect())
+            await stream.send_all(get("/health"))
+            assert (await Reader(stream).response())[0] == 200  # and stays open, idle
+        for stream in silent:
+            assert await Reader(stream).until_closed() == b""
+        stream = await server.connect()
+        await stream.send_all(get("/metrics"))
+        _, _, body = await Reader(stream).response()
+        assert metric(body, "runtime:http_connections_evicted_total") >= 3
+        assert metric(body, "runtime:http_connections_refused_total") == 0
+
+
+async def test_connections_beyond_the_cap_get_503_when_all_are_busy(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     limits = ConnectionLimits(max_connections=2, keep_alive_timeout=60)
     async with running_server(limits) as server:
-        held = [await server.connect() for _ in range(2)]
-        await held[0].send_all(get("/health"))
-        assert (await Reader(held[0]).response())[0] == 200  # both are accepted by now
-        refused = await server.connect()
-        await refused.send_all(get("/health"))
-        reader = Reader(refused)
-        status, headers, body = await reader.response()
-        assert status == 503 and headers["retry-after"] == "1"
-        assert json.loads(body)["error"]["code"] == "too_many_connections"
-        assert await reader.until_closed() == b""
-        await held[1].aclose()
+        busy = [await server.connect() for _ in range(2)]
+        for stream in busy:  # each streams an answer that does not end
+            await stream.send_all(post("/v1/completions", ENDLESS, JSON))
+            assert (await stream.receive_some(100)).startswith(b"HTTP/1.1 200")
+        with caplog.at_level(logging.WARNING, logger="runtime.server"):
+            for _ in range(3):
+                refused = await server.connect()
+                await refused.send_all(get("/health"))
+                reader = Reader(refused)
+                status, headers, answer = await reader.response()
+                assert status == 503 and headers["retry-after"] == "1"
+                assert json.loads(answer)["error"]["code"] == "too_many_connections"
+                assert await reader.until_closed() == b""
+        lines = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+        assert len(lines) == 1 and "127.0.0.1" in lines[0]  # with the peer, rate-limited
+        await busy[1].aclose()
         with trio.fail_after(PATIENCE):
             while True:  # the server notices the close as soon as it reads
                 stream = await server.connect()
                 await stream.send_all(get("/metrics"))
-                status, _, body = await Reader(stream).response()
+                status, _, metrics = await Reader(stream).response()
                 if status == 200:
                     break
                 await trio.sleep(0.01)
-        assert metric(body, "runtime:http_connections_refused_total") >= 1
-        assert metric(body, "runtime:http_connections_open") == 2  # held[0] and this one
+        assert metric(metrics, "runtime:http_connections_refused_total") >= 3
+
+
+async def test_a_connection_that_sends_nothing_or_half_a_request_is_closed() -> None:
+    async with running_server(ConnectionLimits(keep_alive_timeout=0.3)) as server:
+        silent, half = await server.connect(), await server.connect()
+        await half.send_all(b"GET /health HTTP/1.1\r\nHost:")
+        with trio.fail_after(PATIENCE):
+            assert await Reader(silent).until_closed() == b""
+            assert await Reader(half).until_closed() == b""
 
 
 async def test_a_client_that_stops_reading_loses_its_connection_and_request() -> None:
@@ -313,9 +356,9 @@ async def test_refusals_beyond_a_few_are_closed_at_once(monkeypatch: pytest.Monk
     """A refusal lingers to deliver its 503; lingering refusals are bounded, like connections."""
     monkeypatch.setattr(connections, "MAX_REFUSING", 1)
     async with running_server(ConnectionLimits(max_connections=1, keep_alive_timeout=60)) as server:
-        held = await server.connect()
-        await held.send_all(get("/health"))
-        await Reader(held).response()
+        held = await server.connect()  # busy: it streams an answer that does not end
+        await held.send_all(post("/v1/completions", ENDLESS, JSON))
+        assert (await held.receive_some(100)).startswith(b"HTTP/1.1 200")
         lingering = await server.connect()  # sends nothing: its refusal lingers
         assert (await Reader(lingering).response())[0] == 503
         dropped = await server.connect()

@@ -23,12 +23,71 @@ from quart.typing import TestClientProtocol as QuartClient
 from api.app import create_app
 from api.http.files import output_folder, write_new
 from api.http.state import ServerSettings
+from api.routes.openai_schemas import MAX_MESSAGES
 from tests.api_helpers import MODEL
 from tests.fake_engine import FakeEngine
 from tests.server_process import ServerProcess
 
 OCTETS = {"Content-Type": "application/octet-stream"}
 Q = "model.layers.0.self_attn.q_proj.weight"
+
+
+# -- bodies: refused by size and shape before they cost the loop --------------------------------
+
+
+@pytest.fixture
+async def open_client(engine: FakeEngine) -> AsyncIterator[QuartClient]:
+    async with create_app(engine, ServerSettings(served_model_name=MODEL)).test_app() as app:
+        yield app.test_client()
+
+
+async def test_bodies_over_their_route_limit_are_413_before_they_are_parsed(
+    open_client: QuartClient,
+) -> None:
+    ids = [7] * 600_000  # 1.7 MiB of token ids: the fake model's context is 64 tokens
+    for path, body in (
+        ("/v1/completions", {"model": MODEL, "prompt": ids}),
+        ("/generate", {"input_ids": ids}),
+        ("/detokenize", {"tokens": ids[:40_000]}),
+        ("/open_session", {"session_id": "x" * 100_000}),
+    ):
+        response = await open_client.post(path, json=body)
+        assert response.status_code == 413, path
+        error = (await response.get_json())["error"]
+        assert f"limit of {path}" in error["message"] and error["code"] == "body_too_large"
+    one_full_prompt = await open_client.post("/detokenize", json={"tokens": ids[:64]})
+    assert one_full_prompt.status_code == 200
+
+
+async def test_chats_with_too_many_messages_are_refused(open_client: QuartClient) -> None:
+    message = {"role": "user", "content": "hi"}
+    chat = {"model": MODEL, "messages": [message] * (MAX_MESSAGES + 1)}
+    refused = await open_client.post("/v1/chat/completions", json=chat)
+    assert refused.status_code == 400 and "messages" in await refused.get_data(as_text=True)
+    batch = {"messages": [[message] * 100] * 30}  # TRL's /chat/: 3000 in all
+    refused = await open_client.post("/chat/", json=batch)
+    assert refused.status_code == 400 and "3000 in all" in await refused.get_data(as_text=True)
+
+
+async def test_echo_with_logprobs_over_many_prompts_is_bounded(open_client: QuartClient) -> None:
+    prompts = [[5] * 60] * 128
+    body = {"model": MODEL, "prompt": prompts, "echo": True, "logprobs": 20, "max_tokens": 1}
+    refused = await open_client.post("/v1/completions", json=body)
+    assert refused.status_code == 400
+    assert (await refused.get_json())["error"]["code"] == "answer_too_large"
+    fits = await open_client.post("/v1/completions", json=body | {"prompt": prompts[:4]})
+    assert fits.status_code == 200 and len((await fits.get_json())["choices"]) == 4
+
+
+async def test_strings_the_server_keeps_are_capped(open_client: QuartClient) -> None:
+    long = "x" * 257
+    for path, body in (
+        ("/generate", {"text": "hi", "rid": long}),
+        ("/close_session", {"session_id": long}),
+        ("/generate", {"text": "hi", "session_params": {"id": long}}),
+    ):
+        response = await open_client.post(path, json=body)
+        assert response.status_code == 400, (path, await response.get_data())
 
 
 # -- files the server writes ------------------------------------------------------------------
@@ -112,6 +171,19 @@ async def test_bearer_spacing_and_refusals_logged_once_per_interval(
             assert wrong.status_code == 401
     refused = [r for r in caplog.records if "without the API key" in r.getMessage()]
     assert len(refused) == 1  # rate-limited: the next line says how many came meanwhile
+
+
+async def test_control_strings_the_server_keeps_are_capped(keyed: QuartClient) -> None:
+    auth = {"Authorization": "Bearer k"}
+    for path, body in (
+        ("/update_weights_from_disk", {"model_path": "/" + "x" * 4096}),
+        ("/update_weight_version", {"new_version": "v" * 257}),
+        ("/get_weights_by_name", {"name": "w" * 1025}),
+        ("/destroy_weights_update_group", {"group_name": "g" * 256}),
+        ("/abort_requests", {"request_ids": ["r" * 257]}),
+    ):
+        response = await keyed.post(path, json=body, headers=auth)
+        assert response.status_code == 400, (path, await response.get_data())
 
 
 # -- against a real server: chat text, weights, deadlines ---------------------------------------

@@ -3,9 +3,13 @@
 This replaces `hypercorn.trio.serve` (whose loop is about as short, see hypercorn/trio/run.py)
 for two things it has no hook for:
 
-- A cap on open connections (`max_connections`): past it, a new connection gets a 503 with
-  `Retry-After` and is closed, so a client holding hundreds of sockets cannot exhaust the
-  process's file descriptors. Idle keep-alive connections end after `keep_alive_timeout`.
+- A cap on open connections (`max_connections`), so that a client holding hundreds of sockets
+  cannot exhaust the process's file descriptors. At the cap a new connection evicts the one
+  idle the longest (no request under way: a keep-alive connection between requests, or one
+  that has not sent a whole request yet), so that sockets held open and silent cannot lock
+  others out; only when every connection has a request under way is the new one refused, with
+  a 503 and `Retry-After` (logged with its peer, rate-limited). Idle connections, including
+  ones that never send a byte, end after `keep_alive_timeout` anyway.
 - A send timeout (`send_timeout`): hypercorn sends in a shielded scope, so a client that stops
   reading held its connection, and its request's task, forever. Here each send that takes
   longer closes the connection; hypercorn then sees a broken stream, tells the app the client
@@ -24,17 +28,20 @@ import json
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import trio
 from hypercorn.config import Config
+from hypercorn.events import Event, Updated
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
+
+from api.http.refusal_log import RefusalLog
 
 logger = logging.getLogger("runtime.server")
 
@@ -47,6 +54,7 @@ MAX_REFUSING = 64
 # A send is cut into pieces of this size, each with its own deadline: the timeout is for a
 # client that takes nothing, not for a slow one that reads a large answer steadily.
 SEND_PIECE = 64 * 1024
+EVICTION_TIMEOUT = 1.0  # seconds an evicted connection gets to end (it has nothing to finish)
 
 
 class AddressError(ValueError):
@@ -66,6 +74,10 @@ class ConnectionStats:
     refused: int = 0
     refusing: int = 0  # refused connections still lingering
     send_timeouts: int = 0
+    evicted: int = 0
+    # open connections with no request under way, the one idle the longest first
+    idle: dict[_Connection, None] = field(default_factory=dict)
+    refusals: RefusalLog = field(default_factory=lambda: RefusalLog(logger))
 
     def count_send_timeout(self) -> None:
         self.send_timeouts += 1
@@ -167,8 +179,17 @@ async def _connection(
     stats: ConnectionStats,
     stream: trio.SocketStream,
 ) -> None:
+    if stats.open >= limits.max_connections and stats.idle:
+        oldest = next(iter(stats.idle))
+        stats.idle.pop(oldest)
+        stats.evicted += 1
+        await oldest.evict()
     if stats.open >= limits.max_connections:
         stats.refused += 1
+        stats.refusals.note(
+            f"refused a connection: all {limits.max_connections} have a request under way",
+            _peer(stream),
+        )
         if stats.refusing >= MAX_REFUSING:
             await stream.aclose()
             return
@@ -182,12 +203,48 @@ async def _connection(
     try:
         timed = TimedSendStream(stream, limits.send_timeout, stats)
         connection = _Connection(app, config, context, ConnectionState({}), timed)  # type: ignore[arg-type]
+        connection.idle = stats.idle
         await connection.run()
     finally:
         stats.open -= 1
 
 
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        return repr_socket_addr(stream.socket.family, stream.socket.getpeername())
+    except OSError:  # gone already
+        return "?"
+
+
 class _Connection(TCPServer):
+    """hypercorn's connection, which keeps its place in `idle` while it has no request
+    under way, and can be evicted from there."""
+
+    idle: dict[_Connection, None]
+
+    async def run(self) -> None:
+        self.ended = trio.Event()
+        self.idle[self] = None  # no request yet
+        try:
+            await super().run()
+        finally:
+            self.idle.pop(self, None)
+            self.ended.set()
+
+    async def protocol_send(self, event: Event) -> None:
+        if isinstance(event, Updated):
+            self.idle.pop(self, None)
+            if event.idle:
+                self.idle[self] = None  # the newest idle one
+        await super().protocol_send(event)
+
+    async def evict(self) -> None:
+        """Close the connection (it has no request under way); its reader sees the close
+        and hypercorn ends the connection as if the client had. Returns once it has."""
+        await self.stream.aclose()
+        with trio.move_on_after(EVICTION_TIMEOUT):
+            await self.ended.wait()
+
     async def _read_data(self) -> None:
         await super()._read_data()
         # The client closed its side: no request can come, yet hypercorn's keep-alive timer

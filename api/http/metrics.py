@@ -47,8 +47,14 @@ class _ConnectionCollector(Collector):
         yield GaugeMetricFamily("runtime:http_connections_open", "Open HTTP connections.", s.open)
         yield CounterMetricFamily(
             "runtime:http_connections_refused",
-            "Connections answered 503 because --max-connections were open.",
+            "Connections answered 503 because --max-connections were open, each with a "
+            "request under way.",
             s.refused,
+        )
+        yield CounterMetricFamily(
+            "runtime:http_connections_evicted",
+            "Idle connections closed to make room for a new one at --max-connections.",
+            s.evicted,
         )
         yield CounterMetricFamily(
             "runtime:http_send_timeouts",

@@ -5,22 +5,22 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import tempfile
-import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from quart import g, has_request_context, request
+from quart import g, request
 
+from api.http.budget import DEFAULT_MAX_BODY, BodyBudget
 from api.http.connections import ConnectionStats
 from api.http.errors import APIError, from_validation_error
 from api.http.fields import IgnoredLog, ignored_fields
 from api.http.files import output_folder
 from api.http.metrics import Metrics
+from api.http.refusal_log import RefusalLog
 from api.http.request_log import LogConfig, RequestLog
 from runtime.protocol import (
     ControlClient,
@@ -35,6 +35,9 @@ Model = TypeVar("Model", bound=BaseModel)
 log = logging.getLogger("api")
 
 RETRY = {"Retry-After": "1"}  # seconds: capacity frees up as requests end, usually soon
+# Prompt log-probabilities one request may ask for, counted as positions times (top + 1):
+# each is a few dozen bytes of answer, built and encoded on the event loop.
+MAX_PROMPT_LOGPROB_ENTRIES = 2**17
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,9 @@ class ServerSettings:
             (api/http/fields.py).
         output_root: where control routes may have files written (dumps, profiles): the
             folder itself or one directly in it (api/http/files.py).
+        max_body_bytes: the byte limit of a body with prompts, at least (api/http/budget.py).
+        cumulative_streaming_output: streamed /generate events carry the whole answer so
+            far, as SGLang's do by default, instead of only what is new.
     """
 
     served_model_name: str
@@ -68,35 +74,15 @@ class ServerSettings:
     enable_control_api: bool = False
     strict_fields: bool = False
     output_root: Path = field(default_factory=Path.cwd)
-
-
-class RefusalLog:
-    """Refused clients (a wrong API key, no connection slot), logged with their address at
-    most once per INTERVAL seconds with the count since: a flood cannot flood the log."""
-
-    INTERVAL = 10.0
-
-    def __init__(self, logger: logging.Logger) -> None:
-        self._logger = logger
-        self._last = -math.inf
-        self._since = 0
-
-    def note(self, what: str, peer: str | None = None) -> None:
-        self._since += 1
-        now = time.monotonic()
-        if now - self._last < self.INTERVAL:
-            return
-        if peer is None:
-            peer = (request.remote_addr or "?") if has_request_context() else "?"
-        self._logger.warning("%s (from %s; %d refused since the last line)", what, peer,
-                             self._since)  # fmt: skip
-        self._last, self._since = now, 0
+    max_body_bytes: int = DEFAULT_MAX_BODY
+    cumulative_streaming_output: bool = False
 
 
 @dataclass(slots=True)
 class ServerState:
     engine: EngineClient
     settings: ServerSettings
+    budget: BodyBudget
     metrics: Metrics = field(init=False)
     request_log: RequestLog = field(init=False)
     connections: ConnectionStats = field(default_factory=ConnectionStats)
@@ -218,6 +204,7 @@ class ServerState:
             raise APIError(
                 400, "rid: the same rid is given twice", param="rid", code="invalid_value"
             )
+        check_prompt_logprobs(prompts, each)
         try:
             streams = [
                 self.engine.generate(prompt, p, rid=rid, timeout=timeout, session=session)
@@ -262,3 +249,25 @@ class ServerState:
         # the template already holds whatever special tokens (BOS...) the model wants
         text = await self.chat_text(conversation, template_kwargs)
         return await self.encode(text, param="messages", add_special_tokens=False)
+
+
+def check_prompt_logprobs(
+    prompts: Sequence[str | list[int]], params: Sequence[SamplingParams]
+) -> None:
+    """A 400 if the prompts' log-probabilities would make an answer over
+    MAX_PROMPT_LOGPROB_ENTRIES: echo with logprobs over many prompts is a small request
+    with a very large answer."""
+    entries = sum(
+        max(len(prompt) - p.prompt_logprobs_start, 0) * (p.prompt_logprobs + 1)
+        for prompt, p in zip(prompts, params, strict=True)
+        if p.prompt_logprobs is not None
+    )
+    if entries > MAX_PROMPT_LOGPROB_ENTRIES:
+        raise APIError(
+            400,
+            f"the prompts' log-probabilities would be {entries} entries (positions times "
+            f"logprobs + 1), at most {MAX_PROMPT_LOGPROB_ENTRIES} in one request: send fewer "
+            "prompts per request, or ask for fewer log-probabilities",
+            param="logprobs",
+            code="answer_too_large",
+        )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +28,7 @@ from runtime.protocol import (
 )
 
 SSE_DONE = b"data: [DONE]\n\n"
+INLINE_ANSWER = 256 * 2**10  # bytes of a JSON answer sent whole; a larger one, in pieces
 
 Merged = AsyncGenerator[tuple[int, RequestOutput], None]  # (choice index, output): `merged`
 
@@ -75,6 +76,53 @@ async def sse_response(events: AsyncIterator[bytes]) -> Response:
     assert isinstance(response, Response)
     response.timeout = None  # Quart's 60 s RESPONSE_TIMEOUT would cut long streams
     return response
+
+
+async def json_in_pieces(
+    items: Iterable[Any],
+    head: dict[str, Any] | None = None,
+    key: str = "choices",
+    tail: dict[str, Any] | None = None,
+) -> Response:
+    """A JSON answer built one list item at a time, the loop let go between items: `head`'s
+    keys, then `key` with the list of `items`, then `tail`'s keys (or, with no `head`, just
+    the list). An answer with prompts echoed and their log-probabilities can be megabytes:
+    this way it holds the loop no longer than its largest item (a choice) does, and past
+    INLINE_ANSWER bytes it is sent in pieces as they are built (chunked) instead of whole."""
+    pieces = _json_pieces(items, head, key, tail)
+    built: list[bytes] = []
+    size = 0
+    for piece in pieces:
+        built.append(piece)
+        size += len(piece)
+        await trio.lowlevel.checkpoint()
+        if size > INLINE_ANSWER:
+
+            async def the_rest() -> AsyncIterator[bytes]:
+                yield b"".join(built)
+                for piece in pieces:
+                    yield piece
+                    await trio.lowlevel.checkpoint()
+
+            return Response(the_rest(), 200, {"Content-Type": "application/json"})
+    return Response(b"".join(built), 200, {"Content-Type": "application/json"})
+
+
+def _json_pieces(
+    items: Iterable[Any], head: dict[str, Any] | None, key: str, tail: dict[str, Any] | None
+) -> Iterator[bytes]:
+    if head is not None:
+        yield _dumps(head)[:-1] + (b"," if head else b"") + _dumps(key) + b":"
+    yield b"["
+    for i, item in enumerate(items):
+        yield (b"," if i else b"") + _dumps(item)
+    yield b"]"
+    if head is not None:
+        yield b"," + _dumps(tail)[1:] if tail else b"}"
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
 
 
 @dataclass(slots=True)

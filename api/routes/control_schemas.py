@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from api.http.fields import Body, LaxBool, LaxInt, Refusal, refusals
+from api.routes.sampling_fields import Name, PathText, Rid
 from runtime.protocol import MAX_TENSOR_DIM
 
 # SGLang's modes, and vLLM's "wait" and "keep" ("in_place" is SGLang's "keep")
@@ -33,14 +34,14 @@ class AbortRequest(Body):
     """SGLang's `POST /abort_request`: one request by its `rid`, or all of them."""
 
     no_ops = frozenset({"finished_reason", "abort_message"})
-    rid: str = ""
+    rid: Annotated[str, Field(max_length=256)] = ""
     abort_all: bool = False
 
 
 class AbortRequestsRequest(Body):
     """vLLM's `POST /abort_requests`: these requests, or all if none is named."""
 
-    request_ids: Annotated[list[str], Field(max_length=4096)] = Field(default_factory=list)
+    request_ids: Annotated[list[Rid], Field(max_length=4096)] = Field(default_factory=list)
 
 
 MAX_UPDATE_TENSORS = 100_000  # tensors in one update: a 70B Llama has under 1,000
@@ -57,7 +58,7 @@ class UpdateWeightsFromDiskRequest(Body):
         is_async=Refusal((False,), "updates are applied before the call returns"),
         manifest=Refusal(({},), "checkpoint manifests are not supported"),
     )
-    model_path: str
+    model_path: PathText
     weight_version: Version | None = None
     flush_cache: bool = True
     abort_all_requests: bool = False
@@ -86,13 +87,13 @@ class UpdateWeightsFromDistributedRequest(Body):
     """SGLang's `POST /update_weights_from_distributed`: one broadcast per tensor, in order."""
 
     refused_unless = refusals(load_format=AUTO_FORMAT)
-    names: Annotated[list[str], Field(min_length=1, max_length=MAX_UPDATE_TENSORS)]
+    names: Annotated[list[Name], Field(min_length=1, max_length=MAX_UPDATE_TENSORS)]
     dtypes: Annotated[list[str], Field(min_length=1, max_length=MAX_UPDATE_TENSORS)]
     shapes: Annotated[
         list[Annotated[list[Annotated[int, Field(ge=0, le=MAX_TENSOR_DIM)]], Field(max_length=8)]],
         Field(min_length=1, max_length=MAX_UPDATE_TENSORS),
     ]
-    group_name: str = "weight_update_group"
+    group_name: Annotated[str, Field(min_length=1, max_length=255)] = "weight_update_group"
     flush_cache: bool = True
     abort_all_requests: bool = False
     weight_version: Version | None = None
@@ -107,7 +108,7 @@ class UpdateWeightsFromDistributedRequest(Body):
 class DestroyWeightsUpdateGroupRequest(Body):
     """SGLang's `POST /destroy_weights_update_group`."""
 
-    group_name: str = "weight_update_group"
+    group_name: Annotated[str, Field(min_length=1, max_length=255)] = "weight_update_group"
 
 
 class UpdateWeightVersionRequest(Body):
@@ -157,7 +158,7 @@ class StartProfileRequest(Body):
 class GetWeightsByNameRequest(Body):
     """SGLang's `POST /get_weights_by_name`."""
 
-    name: str
+    name: Name
     truncate_size: Annotated[LaxInt, Field(ge=1, le=100_000)] = 100
 
 

@@ -18,6 +18,7 @@ from api.http.streaming import (
     Merged,
     collect_all,
     error_event,
+    json_in_pieces,
     merged,
     sse_event,
     sse_response,
@@ -52,10 +53,13 @@ def register(app: QuartTrio, state: ServerState) -> None:
         many = req.is_batch or n > 1
         if req.stream:
             outputs = merged(streams, state.metrics, app.nursery)
-            return await sse_response(events(outputs, shapes, n, many))
+            cumulative = state.settings.cumulative_streaming_output
+            return await sse_response(events(outputs, shapes, n, many, cumulative))
         results = await collect_all(streams, state.metrics, n)
-        bodies = [shapes[i // n].body(r, results[i - r.index]) for i, r in enumerate(results)]
-        return jsonify(bodies if many else bodies[0])
+        if not many:
+            return jsonify(shapes[0].body(results[0], results[0]))
+        bodies = (shapes[i // n].body(r, results[i - r.index]) for i, r in enumerate(results))
+        return await json_in_pieces(bodies)
 
     @app.post("/open_session")
     async def open_session() -> Response:
@@ -93,18 +97,27 @@ def samples_each(items: list[GenerateItem]) -> int:
 
 
 async def events(
-    outputs: Merged, shapes: list[GenerateShape], n: int, many: bool
+    outputs: Merged, shapes: list[GenerateShape], n: int, many: bool, cumulative: bool
 ) -> AsyncIterator[bytes]:
-    """Like SGLang: each event carries the whole text and ids so far of one answer, tagged
-    with its `index` (prompt * n + sample) when there are several."""
+    """Each event carries what is new in one answer (its text, ids and log-probabilities
+    since the last event; the input's log-probabilities in sample 0's first), tagged with its
+    `index` (prompt * n + sample) when there are several. `cumulative`: the whole answer so
+    far instead, as SGLang's events by default (slime's streaming rollout reads them so)."""
     results = [Collected(index=i % n) for i in range(len(shapes) * n)]
     try:
         async with aclosing(outputs):
             async for prompt, out in outputs:
                 index = prompt * n + out.index
-                result = results[index]
+                result, first = results[index], results[prompt * n]
+                opening = not result.token_ids and result.finish_reason is None
                 result.add(out)
-                body = shapes[prompt].body(result, results[prompt * n])
+                if cumulative:
+                    body = shapes[prompt].body(result, first)
+                else:
+                    piece = Collected(index=out.index)
+                    piece.add(out)
+                    with_input = opening and out.index == 0  # sample 0 carries the input's
+                    body = shapes[prompt].body(result, piece if with_input else None, piece)
                 yield sse_event(body | {"index": index} if many else body)
     except Exception as exc:
         yield error_event(exc)
@@ -123,8 +136,13 @@ class GenerateShape:
         self.rid = rid
         self.weight_version = engine.model_card.weight_version
 
-    def body(self, result: Collected, first: Collected) -> dict[str, Any]:
-        """`first`: the request's first sample, which has the prompt's log-probabilities."""
+    def body(
+        self, result: Collected, first: Collected | None, shown: Collected | None = None
+    ) -> dict[str, Any]:
+        """The answer so far, `result`; with its text, ids and output log-probabilities
+        those of `shown` (a streamed event's new piece) if given. `first`: the request's
+        first sample, which has the prompt's log-probabilities (None: none shown)."""
+        shown = shown or result
         meta = {
             "id": self.rid,
             "finish_reason": finish_reason(result),
@@ -134,19 +152,20 @@ class GenerateShape:
             "weight_version": self.weight_version,
         }
         if self.req.return_logprob:
-            meta |= self._logprobs(result, first)
-        return {"text": result.text, "output_ids": result.token_ids, "meta_info": meta}
+            meta |= self._logprobs(shown, first)
+        return {"text": shown.text, "output_ids": shown.token_ids, "meta_info": meta}
 
-    def _logprobs(self, result: Collected, first: Collected) -> dict[str, Any]:
+    def _logprobs(self, shown: Collected, first: Collected | None) -> dict[str, Any]:
         """SGLang's: the input's from `logprob_start_len` on, its first entry always null."""
         req, with_text = self.req, self.req.return_text_in_logprobs
-        start = req.logprob_start(len(self.prompt))
-        scored = [logprobs_format.Scored(self.prompt[start], None, None)]
-        scored += logprobs_format.prompt(first.prompt_logprobs or [])
-        inputs, input_tops = logprobs_format.sglang(self.engine, scored, with_text)
-        generated = logprobs_format.generated(
-            result.token_ids, result.logprobs, result.top_logprobs
-        )
+        inputs: list[list[Any]] = []
+        input_tops: list[list[list[Any]] | None] = []
+        if first is not None:
+            start = req.logprob_start(len(self.prompt))
+            scored = [logprobs_format.Scored(self.prompt[start], None, None)]
+            scored += logprobs_format.prompt(first.prompt_logprobs or [])
+            inputs, input_tops = logprobs_format.sglang(self.engine, scored, with_text)
+        generated = logprobs_format.generated(shown.token_ids, shown.logprobs, shown.top_logprobs)
         outputs, output_tops = logprobs_format.sglang(self.engine, generated, with_text)
         meta: dict[str, Any] = {"input_token_logprobs": inputs, "output_token_logprobs": outputs}
         if req.top_logprobs_num > 0:

@@ -16,6 +16,7 @@ from api.routes.sampling_fields import (
     SAMPLING_REFUSALS,
     Count,
     NonEmptyStr,
+    Rid,
     SamplingFields,
     Seed,
     TokenIds,
@@ -25,7 +26,7 @@ from runtime.protocol import SamplingParams, SessionParams
 NO_MEDIA = "images, video and audio are not supported"
 Texts = Annotated[list[NonEmptyStr], Field(min_length=1, max_length=MAX_PROMPTS)]
 TokenIdLists = Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
-Rids = Annotated[list[NonEmptyStr], Field(min_length=1, max_length=MAX_PROMPTS)]
+Rids = Annotated[list[Rid], Field(min_length=1, max_length=MAX_PROMPTS)]
 
 
 class NativeSamplingParams(SamplingFields):
@@ -51,8 +52,8 @@ class NativeSamplingParams(SamplingFields):
 class SessionParamsModel(Body):
     """Which session a `/generate` continues, and from where (runtime/frontend/sessions.py)."""
 
-    id: NonEmptyStr
-    rid: NonEmptyStr | None = None
+    id: Rid
+    rid: Rid | None = None
     offset: int | None = None
     replace: bool = False
     drop_previous_output: bool = False
@@ -93,7 +94,7 @@ class GenerateRequest(Body):
         | Annotated[list[NativeSamplingParams], Field(min_length=1, max_length=MAX_PROMPTS)]
     ) = Field(default_factory=NativeSamplingParams)
     stream: bool = False
-    rid: NonEmptyStr | Rids | None = None
+    rid: Rid | Rids | None = None
     session_params: SessionParamsModel | None = None
     return_logprob: bool = False
     top_logprobs_num: Count = 0
@@ -190,4 +191,4 @@ class OpenSessionRequest(Body):
 class CloseSessionRequest(Body):
     """SGLang's `POST /close_session`."""
 
-    session_id: str
+    session_id: Rid

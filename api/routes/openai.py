@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any, Literal
 
-from quart import Response, jsonify
+from quart import Response
 from quart_trio import QuartTrio
 
 from api.http.state import ServerState
@@ -19,6 +19,7 @@ from api.http.streaming import (
     TextChunks,
     collect_all,
     error_event,
+    json_in_pieces,
     merged,
     sse_event,
     sse_response,
@@ -47,8 +48,8 @@ def register(app: QuartTrio, state: ServerState) -> None:
             outputs = merged(streams, state.metrics, app.nursery)
             return await sse_response(completion_events(outputs, head, req, shape))
         results = await collect_all(streams, state.metrics, req.n)
-        choices = [shape.choice(i, r, results[i - r.index]) for i, r in enumerate(results)]
-        return jsonify(head | {"choices": choices, "usage": usage(results)})
+        choices = (shape.choice(i, r, results[i - r.index]) for i, r in enumerate(results))
+        return await json_in_pieces(choices, head, "choices", {"usage": usage(results)})
 
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
@@ -65,7 +66,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
             outputs = merged(streams, state.metrics, app.nursery)
             return await sse_response(chat_events(state.engine, outputs, head, req))
         results = await collect_all(streams, state.metrics, req.n)
-        choices = [
+        choices = (
             chat_choice(
                 "message",
                 {"role": "assistant", "content": r.text},
@@ -73,8 +74,8 @@ def register(app: QuartTrio, state: ServerState) -> None:
                 chat_logprobs(state.engine, req, r),
             )
             for r in results
-        ]
-        return jsonify(head | {"choices": choices, "usage": usage(results)})
+        )
+        return await json_in_pieces(choices, head, "choices", {"usage": usage(results)})
 
 
 def response_head(state: ServerState, request_id: str, kind: str) -> dict[str, Any]:

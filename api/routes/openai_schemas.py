@@ -128,6 +128,10 @@ class ChatMessage(Body):
         return message
 
 
+# A conversation's messages: each costs about 10 us to validate, on the event loop.
+MAX_MESSAGES = 2048
+Messages = Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
+
 NO_TOOLS = "tool calling is not supported yet"
 
 
@@ -152,7 +156,7 @@ class ChatCompletionRequest(Sampling):
         mm_processor_kwargs=Refusal(({},), "there is no multimodal processor"),
     )
     model: str
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Messages
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
@@ -184,7 +188,7 @@ class ChatCompletionRequest(Sampling):
 class TokenizeRequest(Body):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Messages | None = None
     add_special_tokens: bool = True
 
     @model_validator(mode="after")

@@ -22,6 +22,10 @@ MAX_BAD_WORDS = 64
 MAX_ALLOWED_TOKEN_IDS = 2**18
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
+# Strings the server keeps and repeats (request ids, names, paths): capped, as any echo is.
+Rid = Annotated[str, Field(min_length=1, max_length=256)]
+Name = Annotated[str, Field(min_length=1, max_length=1024)]
+PathText = Annotated[str, Field(min_length=1, max_length=4096)]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_LENGTH)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 Seed = Annotated[int, Field(ge=-(2**63), lt=2**64)]  # what the sampler's 64-bit hash takes

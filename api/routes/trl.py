@@ -13,7 +13,7 @@ import uuid
 from typing import Annotated, Any
 
 import trio
-from pydantic import Field
+from pydantic import Field, model_validator
 from quart import Response, jsonify
 from quart_trio import QuartTrio
 
@@ -22,7 +22,7 @@ from api.http.fields import Refusal, refusals
 from api.http.state import ServerState
 from api.http.streaming import Collected, collect_all
 from api.routes.guard import control_routes
-from api.routes.openai_schemas import ChatMessage
+from api.routes.openai_schemas import MAX_MESSAGES, Messages
 from api.routes.sampling_fields import MAX_PROMPTS, Count, NonEmptyStr, SamplingFields, TokenIds
 from runtime.protocol import SamplingParams
 
@@ -58,9 +58,21 @@ class TRLChatRequest(TRLSampling):
     refused_unless = refusals(
         TRLSampling.refused_unless, tools=Refusal(([],), "tool calling is not supported yet")
     )
-    messages: Annotated[list[Annotated[list[ChatMessage], Field(min_length=1)]],
-                        Field(min_length=1, max_length=MAX_PROMPTS)]  # fmt: skip
+    messages: Annotated[list[Messages], Field(min_length=1, max_length=MAX_PROMPTS)]
     chat_template_kwargs: Annotated[dict[str, Any], Field(max_length=32)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count_messages(cls, body: Any) -> Any:
+        """All conversations together hold at most MAX_MESSAGES: counted before any is
+        validated, which is what costs."""
+        conversations = body.get("messages") if isinstance(body, dict) else None
+        if isinstance(conversations, list) and len(conversations) <= MAX_PROMPTS:
+            total = sum(len(c) for c in conversations if isinstance(c, list))
+            if total > MAX_MESSAGES:
+                raise APIError(400, f"messages: {total} in all, at most {MAX_MESSAGES}",
+                               param="messages", code="too_many_messages")  # fmt: skip
+        return body
 
 
 def register(app: QuartTrio, state: ServerState) -> None:

@@ -232,6 +232,8 @@ async def run_server(
                 enable_control_api=args.enable_control_api,
                 strict_fields=args.strict_fields,
                 output_root=args.output_root.resolve(),
+                max_body_bytes=int(args.max_body_mb * 2**20),
+                cumulative_streaming_output=args.cumulative_streaming_output,
                 log_config=LogConfig(
                     log_requests=args.log_requests,
                     log_requests_level=args.log_requests_level,

@@ -213,6 +213,20 @@ def build_parser() -> argparse.ArgumentParser:
         "ignoring it (and naming it in the X-Ignored-Fields header), as vLLM does",
     )
     serve.add_argument(
+        "--max-body-mb",
+        type=positive(float),
+        default=1.0,
+        help="the byte limit of a request body with prompts, in MiB (the least: one prompt "
+        "that fills the context always fits); parsing a body stalls every client for about "
+        "50 ms a MiB",
+    )
+    serve.add_argument(
+        "--cumulative-streaming-output",
+        action="store_true",
+        help="each streamed /generate event carries the whole answer so far (text, ids, "
+        "log-probabilities), as SGLang's do by default; without it, only what is new",
+    )
+    serve.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error", "critical"],
