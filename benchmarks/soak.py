@@ -2,17 +2,27 @@
 
     python -m benchmarks.soak [--requests 10000] [--concurrency 32] [--max-seconds 900]
 
-Against `runtime serve` (built-in model, float32, so greedy outputs do not depend on the batch):
-first a quiet run records each prompt's greedy output; then `--requests` requests, at most
-`--concurrency` at once, each drawn at random from: a good completion (whole or streamed, its
-text must equal the quiet run's), a stream dropped after a few chunks, bad input (bad JSON, an
-unknown field, a prompt past the context, a lone surrogate, a nested body), `/generate` reusing
-a request id while it runs (a 400) and right after (served), a stalled reader that stops
-reading a stream for a while, a POST to an unknown route on a reused connection (a 404, then
-the connection serves on), and a connection opened and left idle (the server must close it).
-Prints requests by kind and outcome, wrong answers, the RSS of each process, the API's open
-file descriptors and the KV cache in use before and after, and RSS along the way (a leak
-grows with requests; a warm-up does not).
+Against `runtime serve` (the tiny random model, float32, so greedy outputs do not depend on
+the batch): first a quiet run records each prompt's greedy output; then `--requests`
+requests, at most `--concurrency` at once, each drawn at random from: a good completion
+(whole or streamed, its text must equal the quiet run's), a stream dropped after a few
+chunks, bad input (bad JSON, a negative max_tokens, a prompt past the context, a lone
+surrogate, a nested body), `/generate` reusing a request id while it runs (a 400) and right
+after (served), a stalled reader that stops reading a stream for a while, a POST to an
+unknown route on a reused connection (a 404, then the connection serves on), a connection
+opened and left idle (the server must close it), and the red-team shapes of issue 28:
+token-id bodies just under their route's limit (parsed) and over it (a 413, unparsed), a
+chat of too many messages, a /detokenize of a context of ids, echo with log-probabilities
+over many prompts (a large answer, sent in pieces), a streamed /generate with
+log-probabilities, half a request left hanging, and bursts of silent sockets.
+
+Meanwhile a prober asks GET /health every 100 ms on a connection of its own. Prints requests
+by kind and outcome, answers by status class (5xx must be 0), wrong answers, /health's
+latency (p50, p99, max; the target is p99 under 100 ms), the RSS of each process, the API's
+open file descriptors and the KV cache in use before and after, RSS along the way (a leak
+grows with requests; a warm-up does not) and the API's RSS drift after the first tenth.
+
+    python -m benchmarks.soak --requests 1000000000 --max-seconds 1800   # the 30-minute soak
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ PROMPTS = [f"Prompt number {i}: the {w} of" for i, w in enumerate(["tuple", "lis
 MAX_TOKENS = 12
 BAD_BODIES: list[bytes] = [
     b"{not json",
-    b'{"model": "m", "prompt": "x", "bogus": 1}',
+    b'{"model": "m", "prompt": "x", "max_tokens": -1}',
     b'{"model": "m", "prompt": "' + b"word " * 5000 + b'", "max_tokens": 4}',
     b'{"model": "m", "prompt": "\\ud800"}',
     b'{"model": "m", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}",
@@ -87,12 +97,25 @@ class Soak:
         self.outcomes: Counter[str] = Counter()
         self.wrong: list[str] = []
         self.trail: list[tuple[int, dict[str, float]]] = []  # (requests started, RSS by process)
+        self.statuses: Counter[str] = Counter()  # answers by status class: "2xx", "4xx"...
+        self.health: list[float] = []  # seconds each /health took
+        self.context = 0  # the model's, in tokens (from /v1/models)
+
+    async def count_status(self, response: httpx.Response) -> None:
+        self.statuses[f"{response.status_code // 100}xx"] += 1
+
+    async def probe_health(self) -> None:
+        """GET /health every PROBE_INTERVAL on a connection of its own, timed."""
+        async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
+            while True:
+                started = time.perf_counter()
+                response = await http.get("/health")
+                self.health.append(time.perf_counter() - started)
+                await self.count_status(response)
+                await trio.sleep(PROBE_INTERVAL)
 
     async def one(self, http: httpx.AsyncClient, i: int) -> None:
-        kind = self.rng.choices(
-            ["good", "good_stream", "drop", "bad", "rid_reuse", "stall", "unknown_route", "idle"],
-            weights=[30, 30, 15, 13, 8, 2, 1, 1],
-        )[0]
+        kind = self.rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
         try:
             await getattr(self, kind)(http, i)
         except httpx.HTTPError as exc:
@@ -154,32 +177,111 @@ class Soak:
             self.wrong.append(f"unknown route: {response.status_code}")
 
     async def idle(self, http: httpx.AsyncClient, i: int) -> None:
+        await self.closed_by_server(await self.raw_connection(), "an idle connection")
+
+    # -- the red-team shapes of issue 28 ----------------------------------------------------
+
+    async def big_ids(self, http: httpx.AsyncClient, i: int) -> None:
+        """Token ids just under the route's byte limit: parsed, then refused (the context)."""
+        ids = [12345] * (BIG_BODY // 7)
+        response = await http.post("/v1/completions", json={"model": "m", "prompt": ids})
+        self.expect(response, (400,), "big ids")
+
+    async def over_limit(self, http: httpx.AsyncClient, i: int) -> None:
+        body = b'{"model": "m", "prompt": [' + b"1," * (2 * BIG_BODY) + b"1]}"
+        headers = {"Content-Type": "application/json"}
+        response = await http.post("/v1/completions", content=body, headers=headers)
+        self.expect(response, (413,), "over the limit")
+
+    async def many_messages(self, http: httpx.AsyncClient, i: int) -> None:
+        messages = [{"role": "user", "content": "hi"}] * 2049
+        body = {"model": "m", "messages": messages}
+        response = await http.post("/v1/chat/completions", json=body)
+        self.expect(response, (400,), "many messages")
+
+    async def detokenize_many(self, http: httpx.AsyncClient, i: int) -> None:
+        response = await http.post("/detokenize", json={"tokens": [7] * self.context})
+        self.expect(response, (200,), "detokenize")
+
+    async def echo_logprobs(self, http: httpx.AsyncClient, i: int) -> None:
+        body = {"model": "m", "prompt": [[5] * 100] * 64, "echo": True, "logprobs": 5,
+                "max_tokens": 1}  # fmt: skip
+        response = await http.post("/v1/completions", json=body)
+        self.expect(response, (200,), "echo with logprobs")
+
+    async def generate_logprobs(self, http: httpx.AsyncClient, i: int) -> None:
+        body = {"text": "x", "return_logprob": True, "stream": True,
+                "sampling_params": {"max_new_tokens": 64, "ignore_eos": True}}  # fmt: skip
+        async with http.stream("POST", "/generate", json=body) as response:
+            events = [line async for line in response.aiter_lines() if line.startswith("data: {")]
+        new = [len(json.loads(e[6:])["meta_info"]["output_token_logprobs"]) for e in events]
+        if sum(new) != 64:  # each event carries only what is new
+            self.wrong.append(f"streamed /generate logprobs: {sum(new)} != 64")
+
+    async def half_request(self, http: httpx.AsyncClient, i: int) -> None:
+        stream = await self.raw_connection()
+        await stream.send_all(b"POST /v1/completions HTTP/1.1\r\nHost: soak\r\nContent-")
+        await self.closed_by_server(stream, "half a request")
+
+    async def silent_burst(self, http: httpx.AsyncClient, i: int) -> None:
+        streams = [await self.raw_connection() for _ in range(50)]
+        await trio.sleep(2.0)
+        for stream in streams:
+            await stream.aclose()
+
+    async def raw_connection(self) -> trio.SocketStream:
         host, port = self.url.removeprefix("http://").split(":")
-        stream = await trio.open_tcp_stream(host, int(port))
+        return await trio.open_tcp_stream(host, int(port))
+
+    async def closed_by_server(self, stream: trio.SocketStream, what: str) -> None:
         with trio.move_on_after(30):  # the server's keep-alive timeout is 5 s
-            if await stream.receive_some(1) == b"":
-                await stream.aclose()
-                return
-        self.wrong.append("an idle connection was not closed")
+            while await stream.receive_some(65536):
+                pass
+            await stream.aclose()
+            return
+        self.wrong.append(f"{what}: the connection was not closed")
         await stream.aclose()
+
+    def expect(self, response: httpx.Response, statuses: tuple[int, ...], what: str) -> None:
+        if response.status_code not in statuses:
+            self.wrong.append(f"{what}: {response.status_code} {response.text[:120]}")
+
+
+# Each request's kind, by weight.
+KINDS = {
+    "good": 30, "good_stream": 30, "drop": 15, "bad": 13, "rid_reuse": 8, "stall": 2,
+    "unknown_route": 1, "idle": 1, "big_ids": 2, "over_limit": 2, "many_messages": 2,
+    "detokenize_many": 2, "echo_logprobs": 2, "generate_logprobs": 3, "half_request": 1,
+    "silent_burst": 1,
+}  # fmt: skip
+PROBE_INTERVAL = 0.1
+BIG_BODY = 2**20 - 2**16  # just under the prompt routes' default limit (--max-body-mb 1)
 
 
 async def soak(url: str, pid: int, args: argparse.Namespace, expected: dict[str, str]) -> Soak:
     run = Soak(url, expected, seed=0)
+    async with httpx.AsyncClient(base_url=url) as http:
+        run.context = (await http.get("/v1/models")).json()["data"][0]["max_model_len"]
     every = max(1, args.requests // 10)
     limiter = trio.CapacityLimiter(args.concurrency)
+    trail_every = args.max_seconds / 10
+    next_trail = time.monotonic()
     with trio.move_on_after(args.max_seconds):
         async with (
             httpx.AsyncClient(
-                base_url=url, timeout=120, limits=httpx.Limits(max_connections=None)
+                base_url=url, timeout=120, limits=httpx.Limits(max_connections=None),
+                event_hooks={"response": [run.count_status]},
             ) as http,
             trio.open_nursery() as nursery,
-        ):
+        ):  # fmt: skip
+            nursery.start_soon(run.probe_health)
             for i in range(args.requests):
-                if i % every == 0:
+                if i % every == 0 or time.monotonic() >= next_trail:
                     run.trail.append((i, rss_by_process(pid)))
+                    next_trail = time.monotonic() + trail_every
                 await limiter.acquire_on_behalf_of(i)
                 nursery.start_soon(release_after, limiter, i, run.one, http, i)
+            nursery.cancel_scope.cancel()  # the prober
     return run
 
 
@@ -218,7 +320,13 @@ def main() -> None:
     print(f"model={model} dtype=float32 {sum(run.outcomes.values())} requests in {elapsed:.0f} s")
     for key, count in sorted(run.outcomes.items()):
         print(f"  {key:32} {count}")
+    print("answers by status:", dict(sorted(run.statuses.items())))
     print(f"wrong answers: {len(run.wrong)}", *run.wrong[:5], sep="\n  ")
+    health = sorted(run.health)
+    if health:
+        p50, p99 = (health[int(q * (len(health) - 1))] * 1000 for q in (0.5, 0.99))
+        print(f"/health: {len(health)} probes, p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
+              f"max {health[-1] * 1000:.1f} ms")  # fmt: skip
     print(f"{'':24} {'before':>10} {'after':>10}")
     for key in before:
         print(f"{key:24} {before[key]:>10.2f} {after.get(key, float('nan')):>10.2f}")
@@ -226,6 +334,10 @@ def main() -> None:
     print("RSS (MB) as requests start:", *(f"{n.removeprefix('rss_'):>16}" for n in names))
     for started, figures in run.trail:
         print(f"{started:>27}", *(f"{figures.get(n, float('nan')):>16.1f}" for n in names))
+    api = "rss_api_mb"
+    if api in names and len(run.trail) > 2:
+        warm, last = run.trail[1][1][api], after[api]
+        print(f"{api} drift after the first tenth: {100 * (last - warm) / warm:+.1f}%")
 
 
 if __name__ == "__main__":

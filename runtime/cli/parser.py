@@ -165,13 +165,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-connections",
         type=positive(int),
         default=2048,
-        help="open HTTP connections beyond which a new one gets 503 and is closed",
+        help="open HTTP connections at most: a new one evicts the one idle the longest, or "
+        "gets a 503 if every one has a request under way",
     )
     serve.add_argument(
         "--keep-alive-timeout",
         type=positive(float),
         default=5.0,
-        help="seconds an idle keep-alive connection stays open",
+        help="seconds an idle connection stays open (between requests, or before a whole "
+        "request has come)",
     )
     serve.add_argument(
         "--send-timeout",
