@@ -117,11 +117,15 @@ def _take_event(
     if "error" in event:
         record.error = str(event["error"])
         return False
-    if path == "/generate":  # SGLang's events carry the sample's whole text so far
+    if path == "/generate":
         i = event.get("index", 0)  # which sample, with n > 1
-        grew = len(event["text"]) > len(texts.get(i, ""))
-        texts[i] = event["text"]
-        record.sample_tokens[i] = event["meta_info"]["completion_tokens"]
+        made = event["meta_info"]["completion_tokens"]
+        # an event carries what is new, or (--cumulative-streaming-output, as SGLang's) the
+        # sample's whole output so far: then its ids are all the tokens made
+        whole = len(event["output_ids"]) == made
+        grew = bool(event["text"]) and (not whole or len(event["text"]) > len(texts.get(i, "")))
+        texts[i] = event["text"] if whole else texts.get(i, "") + event["text"]
+        record.sample_tokens[i] = made
         record.output_tokens = sum(record.sample_tokens.values())
         return grew
     if event.get("usage"):
