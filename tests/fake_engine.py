@@ -45,6 +45,7 @@ class FakeEngine(EngineClient):
     step: trio.Event | None = None  # if set, each output waits for it (tests pace streams)
     sessions: set[str] = field(default_factory=set)
     data_parallel_size: int = 1  # each group reports the same figures
+    last_tools: list[dict[str, Any]] | None = None  # what the last chat was rendered with
     control: FakeControl = field(init=False)
     weights: FakeControl = field(init=False)  # the same fake plays both parts
 
@@ -218,12 +219,17 @@ class FakeEngine(EngineClient):
         return [text.encode() for text in self.token_texts(token_ids)]
 
     async def apply_chat_template(
-        self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        template_kwargs: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         await trio.lowlevel.checkpoint()
+        self.last_tools = tools
         turns = (f"<{m['role']}{':' + m['name'] if 'name' in m else ''}>" for m in messages)
         return (
-            "".join(t + m["content"] for t, m in zip(turns, messages, strict=True)) + "<assistant>"
+            "".join(t + (m["content"] or "") for t, m in zip(turns, messages, strict=True))
+            + "<assistant>"
         )
 
 

@@ -152,6 +152,15 @@ def check_device(device: str) -> None:
         )
 
 
+def read_chat_template(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--chat-template {path}: {exc}") from None
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model or "",
@@ -171,6 +180,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_logprobs=args.max_logprobs,
         allow_special_tokens_in_messages=args.allow_special_tokens_in_messages,
         allow_weight_cast=args.allow_weight_cast,
+        chat_template=read_chat_template(args.chat_template),
         logprobs_mode=args.logprobs_mode,
         data_parallel_size=args.data_parallel_size,
         tensor_parallel_size=args.tensor_parallel_size,

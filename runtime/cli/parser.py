@@ -203,6 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
         "then act as control tokens; refused by default",
     )
     serve.add_argument(
+        "--chat-template",
+        type=Path,
+        help="a Jinja chat template file to render conversations with instead of the "
+        "model's (as vLLM's); with tools, one that renders `tools`",
+    )
+    serve.add_argument(
         "--allow-weight-cast",
         action="store_true",
         help="let weight updates come in another dtype than the served checkpoint's (or the "

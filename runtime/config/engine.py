@@ -65,6 +65,8 @@ class EngineConfig:
         allow_special_tokens_in_messages: let a chat message's text hold the tokenizer's
             special tokens (e.g. `<|im_end|>`), which then act as control tokens; else such a
             message is refused.
+        chat_template: a Jinja chat template to render conversations with instead of the
+            tokenizer's (vLLM's --chat-template; the CLI reads it from a file).
         allow_weight_cast: let weight updates come in another dtype than the served weights
             came in (or are served in), cast to the served one; else they are refused.
         logprobs_mode: "raw": log-probabilities are the model's own distribution (before
@@ -103,6 +105,7 @@ class EngineConfig:
     max_logprobs: int = 20
     allow_special_tokens_in_messages: bool = False
     allow_weight_cast: bool = False
+    chat_template: str | None = None
     logprobs_mode: Literal["raw", "processed"] = "raw"
     data_parallel_size: int = 1
     tensor_parallel_size: int = 1

@@ -254,9 +254,12 @@ class Engine(EngineClient):
         return await self.inputs.detokenize_async(token_ids)
 
     async def apply_chat_template(
-        self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        template_kwargs: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        return await self.inputs.apply_chat_template_async(messages, template_kwargs)
+        return await self.inputs.apply_chat_template_async(messages, template_kwargs, tools)
 
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
         return self.inputs.token_texts(token_ids)

@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from runtime.config.engine import EngineConfig
 from runtime.config.sampling import SamplingParams
+from runtime.frontend.chat_templates import template_for
 
 T = TypeVar("T")
 # apply_chat_template's own arguments: a request's template variables may not set them
@@ -85,6 +86,7 @@ class InputProcessor:
         # the most bytes of text one token can stand for (a UTF-8 token string is no shorter)
         self.max_token_bytes = max(len(token.encode()) for token in tokenizer.get_vocab()) or 1
         self._threads = trio.CapacityLimiter(2)
+        self.chat_template = config.chat_template
         # a chat message's text must not smuggle in control tokens (an <|im_end|> that ends
         # the user's turn early, an EOS): a client writes text, the template writes structure
         specials = {str(t) for t in tokenizer.all_special_tokens} | {
@@ -132,30 +134,43 @@ class InputProcessor:
         return await self._in_thread(self.detokenize, token_ids)
 
     async def apply_chat_template_async(
-        self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        template_kwargs: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         self.check_messages(messages)
-        texts = [value for m in messages for value in m.values()]  # contents, names, roles
+        texts = [text for _, text in _strings(messages)]  # contents, names, roles, calls
+        texts += [text for _, text in _strings(tools or [])]
         if sum(len(t) for t in texts) < INLINE_CHARS:
-            return self._render(messages, template_kwargs)
+            return self._render(messages, template_kwargs, tools)
         self.check_fits(*texts)  # the render holds them all
-        return await self._in_thread(self._render, messages, template_kwargs)
+        return await self._in_thread(self._render, messages, template_kwargs, tools)
 
     async def _in_thread(self, fn: Callable[..., T], *args: object) -> T:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._threads)
 
     def apply_chat_template(
-        self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        template_kwargs: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """The conversation rendered, ready for the reply; `template_kwargs` are variables the
-        template may read (e.g. Qwen3's `enable_thinking`), never its own arguments."""
+        template may read (e.g. Qwen3's `enable_thinking`), never its own arguments; `tools`
+        the functions the model may call (OpenAI's `tools`), listed where the template
+        lists them (runtime/frontend/chat_templates.py)."""
         self.check_messages(messages)
-        return self._render(messages, template_kwargs)
+        return self._render(messages, template_kwargs, tools)
 
     def _render(
-        self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None
+        self,
+        messages: list[dict[str, Any]],
+        template_kwargs: Mapping[str, Any] | None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        if not getattr(self.tokenizer, "chat_template", None):
+        template = template_for(self._own_template(bool(tools)), bool(tools))
+        if not template:
             raise ValueError("this model has no chat template; use /v1/completions")
         kwargs = dict(template_kwargs or {})
         reserved = sorted(kwargs.keys() & TEMPLATE_ARGUMENTS)
@@ -163,16 +178,26 @@ class InputProcessor:
             raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True, **kwargs
-            )
+                messages, tools=tools or None, chat_template=template, tokenize=False,
+                add_generation_prompt=True, **kwargs,
+            )  # fmt: skip
         except Exception as exc:  # jinja errors from a template that rejects the messages
             raise ValueError(f"the chat template rejected the messages: {exc}") from None
         return str(text)
 
-    def check_messages(self, messages: list[dict[str, str]]) -> None:
-        """Each message's text: valid Unicode, and no special token (unless allowed)."""
+    def _own_template(self, with_tools: bool) -> str | None:
+        """--chat-template's, or the tokenizer's (of several named ones, "tool_use" for a
+        request with tools where there is one, else "default")."""
+        own = self.chat_template or getattr(self.tokenizer, "chat_template", None)
+        if isinstance(own, dict):
+            return own.get("tool_use") if with_tools and "tool_use" in own else own.get("default")
+        return own
+
+    def check_messages(self, messages: list[dict[str, Any]]) -> None:
+        """Each message's text (its calls' too): valid Unicode, and no special token (unless
+        allowed)."""
         for i, message in enumerate(messages):
-            for key, value in message.items():
+            for key, value in _strings(message):
                 try:
                     value.encode()
                 except UnicodeEncodeError:
@@ -317,3 +342,16 @@ class InputProcessor:
         if len(spaced) == len(plain) and spaced[:1] != plain[:1]:
             return [plain, spaced]
         return [plain]
+
+
+def _strings(value: Any, where: str = "") -> list[tuple[str, str]]:
+    """Every string in a message (or a list of them), with where it is ("content",
+    "tool_calls[0].function.name")."""
+    if isinstance(value, str):
+        return [(where, value)]
+    if isinstance(value, dict):
+        return [found for key, item in value.items()
+                for found in _strings(item, f"{where}.{key}" if where else str(key))]  # fmt: skip
+    if isinstance(value, list):
+        return [found for i, item in enumerate(value) for found in _strings(item, f"{where}[{i}]")]
+    return []

@@ -125,9 +125,13 @@ class EngineClient(Protocol):
         ...
 
     async def apply_chat_template(
-        self, messages: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        template_kwargs: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Render a conversation with the model's chat template, ready to generate the reply;
-        `template_kwargs`: variables the template reads (e.g. `enable_thinking`). ValueError
-        if the template rejects them."""
+        `template_kwargs`: variables the template reads (e.g. `enable_thinking`); `tools`:
+        OpenAI's function tools, which the template lists. ValueError if the template rejects
+        them, or has no place for tools."""
         ...
