@@ -78,7 +78,8 @@ async def test_an_upload_that_is_not_safetensors_is_refused_at_its_header(
     control: QuartClient, engine: FakeEngine, body: bytes, words: str
 ) -> None:
     response = await control.post("/update_weights_from_tensor", data=body, headers=OCTETS)
-    assert response.status_code == 400 and words in (await response.get_json())["error"]["message"]
+    answer = await response.get_json()
+    assert response.status_code == 400 and answer["success"] is False and words in answer["message"]
     assert engine.control.updates == []
 
 

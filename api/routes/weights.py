@@ -58,10 +58,15 @@ def register(app: QuartTrio, state: ServerState) -> None:
                 code="invalid_body",
             )
         query = state.query(TensorUploadQuery)
-        async with body_in_file(".safetensors", uploading) as path:
-            success, message = await state.weights.update_weights_from_tensor(
-                Path(path), weight_version=query.weight_version, flush_cache=query.flush_cache
-            )
+        try:
+            async with body_in_file(".safetensors", uploading) as path:
+                success, message = await state.weights.update_weights_from_tensor(
+                    Path(path), weight_version=query.weight_version, flush_cache=query.flush_cache
+                )
+        except APIError as error:
+            if error.status != 400:  # too large, too slow: errors of the request itself
+                raise
+            return answer(False, error.message)  # not weights: a failed update, as SGLang's
         return answer(success, message)
 
     @route("/init_weights_update_group")
