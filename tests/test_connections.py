@@ -249,6 +249,7 @@ async def test_connections_beyond_the_cap_get_503_when_all_are_busy(
                     break
                 await trio.sleep(0.01)
         assert metric(metrics, "runtime:http_connections_refused_total") >= 3
+        await busy[0].aclose()  # its endless stream would hold the shutdown up
 
 
 async def test_a_connection_that_sends_nothing_or_half_a_request_is_closed() -> None:
@@ -363,6 +364,7 @@ async def test_refusals_beyond_a_few_are_closed_at_once(monkeypatch: pytest.Monk
         assert (await Reader(lingering).response())[0] == 503
         dropped = await server.connect()
         assert await Reader(dropped).until_closed() == b""  # not even a 503
+        await held.aclose()  # its endless stream would hold the shutdown up
 
 
 async def test_a_slow_client_that_keeps_reading_gets_its_whole_answer() -> None:
