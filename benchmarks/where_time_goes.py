@@ -41,7 +41,8 @@ from runtime.config.engine import EngineConfig
 from runtime.config.sampling import SamplingParams
 from runtime.frontend.launch import open_engine
 
-SPENT: collections.Counter[str] = collections.Counter()  # seconds by kind of work
+# seconds by kind of work
+SPENT: collections.defaultdict[str, float] = collections.defaultdict(float)
 IDEAL: collections.Counter[str] = collections.Counter()  # seconds at the machine's limits
 CALLS: collections.Counter[str] = collections.Counter()
 LIMITS = [0.0, 0.0]  # float32 GEMM FLOP/s, memory bytes/s: measured before counting
@@ -200,7 +201,7 @@ def process_view(args: argparse.Namespace) -> None:
     from benchmarks.servers import ours, process_name, process_tree
 
     def cpu_by_process(pid: int) -> dict[str, float]:
-        spent: dict[str, float] = collections.Counter()
+        spent: collections.defaultdict[str, float] = collections.defaultdict(float)
         for child in process_tree(pid):
             stat = Path(f"/proc/{child}/stat").read_text()
             fields = stat.rsplit(")", 1)[1].split()

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 from quart.typing import TestClientProtocol as QuartClient
 from transformers import PreTrainedTokenizerBase
 
@@ -22,6 +23,12 @@ if not torch.cuda.is_available():
     # the Triton kernels (runtime/kernels/gpu*.py) run in Triton's interpreter, on the CPU;
     # read when they are defined, so before any test imports them (nothing above does)
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# CI runs the same examples every time (a failure there reproduces); elsewhere each run
+# draws new ones, which is how new failures are found
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 ARCHS = ("llama", "qwen2", "qwen3")
 

@@ -36,10 +36,13 @@ class ToolCallReader:
     types: ParameterTypes = field(default_factory=dict)
 
     def read(self, text: str, final: bool) -> Parsed | None:
-        """The text so far; None if it holds no calls after all (all of it is content)."""
+        """The text so far; None if it holds no calls after all (all of it is content).
+        A finished text whose calls never got as far as a name holds none."""
         parsed = self.parser(text, final, self.types)
-        if parsed.broken or any(c.name is not None and c.name not in self.names
-                                for c in parsed.calls):  # fmt: skip
+        names = [c.name for c in parsed.calls if c.name is not None]
+        if parsed.broken or any(name not in self.names for name in names):
+            return None
+        if final and not names:
             return None
         return parsed
 

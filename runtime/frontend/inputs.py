@@ -176,9 +176,10 @@ class InputProcessor:
         reserved = sorted(kwargs.keys() & TEMPLATE_ARGUMENTS)
         if reserved:
             raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
+        listed: list[Any] | None = list(tools) if tools else None  # transformers' own type
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tools=tools or None, chat_template=template, tokenize=False,
+                messages, tools=listed, chat_template=template, tokenize=False,
                 add_generation_prompt=True, **kwargs,
             )  # fmt: skip
         except Exception as exc:  # jinja errors from a template that rejects the messages
