@@ -160,7 +160,7 @@ class ServerState:
                 503, "the server is overloaded; retry later", code="overloaded", headers=RETRY
             )
 
-    def start(
+    async def start(
         self,
         prompts: Sequence[str | list[int]],
         params: SamplingParams | Sequence[SamplingParams],
@@ -168,7 +168,8 @@ class ServerState:
         session: SessionParams | None = None,
     ) -> list[AsyncGenerator[RequestOutput, None]]:
         """Validate every prompt (with its params, or the one `params` for all) before any is
-        queued; a bad one is a 400 for the whole request, as is a rid given twice."""
+        queued, structured-output constraints compiled; a bad one is a 400 for the whole
+        request, as is a rid given twice."""
         timeout = self.settings.request_timeout
         each = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(set(rids)) < len(rids):
@@ -176,6 +177,8 @@ class ServerState:
                 400, "rid: the same rid is given twice", param="rid", code="invalid_value"
             )
         try:
+            for constraint in {p.constraint for p in each if p.constraint is not None}:
+                await self.engine.compile_constraint(constraint)
             streams = [
                 self.engine.generate(prompt, p, rid=rid, timeout=timeout, session=session)
                 for prompt, p, rid in zip(prompts, each, rids, strict=True)
