@@ -45,10 +45,10 @@ class _State:
 
 @dataclass(slots=True)
 class MaskJob:
-    """One step's masks, being made: `rows` are sampled rows, `allowed` [rows, vocab] bool."""
+    """One step's masks, being made: `rows` are sampled rows, `forbidden` [rows, vocab] bool."""
 
     rows: list[int]
-    allowed: Future[np.ndarray]
+    forbidden: Future[np.ndarray]
 
 
 class GrammarMasks:
@@ -88,9 +88,12 @@ class GrammarMasks:
 
     def apply(self, logits: torch.Tensor, job: MaskJob) -> None:
         """Forbidden tokens of the job's rows of `logits` [rows, vocab] to -inf (in place)."""
-        allowed = torch.from_numpy(job.allowed.result()).to(logits.device)
+        forbidden = torch.from_numpy(job.forbidden.result()).to(logits.device)
+        if len(job.rows) == logits.shape[0]:  # every row constrained: no gather, no copy
+            logits.masked_fill_(forbidden, -torch.inf)
+            return
         index = torch.tensor(job.rows, dtype=torch.long, device=logits.device)
-        logits[index] = logits[index].masked_fill(~allowed, -torch.inf)
+        logits[index] = logits[index].masked_fill(forbidden, -torch.inf)
 
     def keep_one(self, logits: torch.Tensor, job: MaskJob) -> None:
         """A row the grammar and the request's own masks together left with no token at all
@@ -121,7 +124,7 @@ class GrammarMasks:
                 for eos in self.eos_token_ids:
                     masks[row, eos // 32] |= np.uint32(1 << (eos % 32))
         bits = np.unpackbits(masks.view(np.uint8), axis=1, bitorder="little")
-        return bits[:, : self.vocab_size].view(np.bool_)
+        return np.logical_not(bits[:, : self.vocab_size])  # here, not on the step's thread
 
     def _advance(self, state: _State, seq: WorkerSeq) -> None:
         """The matcher through the sequence's output tokens it has not consumed yet."""

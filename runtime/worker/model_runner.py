@@ -286,19 +286,18 @@ class ModelRunner:
         masks: MaskJob | None = None,
     ) -> tuple[list[int], list[float], tuple[Logprobs | None, ...]]:
         """Token ids, their log-probabilities, and the top ones where asked."""
+        if masks is not None:
+            # first: the raw log-probabilities are of the constrained distribution, as vLLM
+            # reports them; a -inf stays -inf through penalties and bias, so this is the same
+            # as masking after them
+            self.grammars.apply(logits, masks)
         asking = self.processors.asking
-        plain = not asking or asking.isdisjoint(seq_ids)
-        if not self.processed_logprobs and plain and masks is None:
+        if not self.processed_logprobs and (not asking or asking.isdisjoint(seq_ids)):
             tokens, token_logprobs = sample(logits, batch, self.kernels)  # the plain path
             return tokens.tolist(), token_logprobs.tolist(), ()
         params = [seq.params for seq in seqs]
         processes = any(p.processes_logits for p in params)
         wants_top = any(p.logprobs for p in params)
-        if masks is not None:
-            # before the raw log-probabilities, which are of the constrained distribution as
-            # vLLM reports them; a -inf stays -inf through penalties and bias, so this is the
-            # same as masking after them
-            self.grammars.apply(logits, masks)
         raw = None if self.processed_logprobs else torch.log_softmax(logits, dim=-1)
         if processes:
             self.processors.apply(logits, seq_ids, seqs)
