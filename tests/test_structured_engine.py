@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
 
 from runtime.config.constraint import Constraint
 from runtime.config.engine import EngineConfig
@@ -83,3 +84,16 @@ async def test_the_engine_api_refuses_a_bad_constraint_and_serves_on(llama_dir: 
         assert sample["text"].isdigit() and len(sample["text"]) == 3
         stats = await engine.fetch_statistics()
     assert stats.frontend.num_requests_open == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+async def test_masks_apply_on_cuda(llama_dir: Path) -> None:
+    """The GPU path (benchmarks/device_check.sh): masks made on the host, applied to the
+    logits on the device, CUDA-graph decode steps and the Triton sampler in between."""
+    greedy = SamplingParams(max_tokens=100, temperature=0.0, constraint=JSON)
+    on_cpu, _ = await run(config(llama_dir), greedy)
+    cuda = config(llama_dir, device="cuda", attention_backend="triton")
+    on_gpu, _ = await run(cuda, greedy)
+    assert on_gpu[0]["tokens"] == on_cpu[0]["tokens"]
+    sampled, _ = await run(cuda, greedy.replace(temperature=1.0, seed=5, n=4))
+    check_json(on_gpu + sampled)
