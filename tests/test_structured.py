@@ -144,7 +144,7 @@ def greedy_walk(
 def test_a_matcher_follows_its_sequence_and_ends_with_eos(
     llama_dir: Path, tokenizer: PreTrainedTokenizerBase
 ) -> None:
-    masks = GrammarMasks(str(llama_dir), VOCAB, frozenset({EOS}), torch.device("cpu"))
+    masks = GrammarMasks(str(llama_dir), VOCAB, frozenset({EOS}))
     choice = Constraint("choice", '["the tuple", "a list"]')
     s = seq(choice)
     masks.arrive(0, s)
@@ -164,7 +164,7 @@ def test_a_preempted_sequence_fast_forwards_its_new_matcher_once(
 ) -> None:
     """Released, then back as a NewSeq with all its tokens: its new matcher consumes its
     output once, and allows what the old one would have; n samples have their own."""
-    masks = GrammarMasks(str(llama_dir), VOCAB, frozenset({EOS}), torch.device("cpu"))
+    masks = GrammarMasks(str(llama_dir), VOCAB, frozenset({EOS}))
     regex = Constraint("regex", "[a-z]{1,3}-[0-9]{1,3}-[a-z]{1,3}")
     walked, other = seq(regex), seq(regex)
     masks.arrive(0, walked)
@@ -184,7 +184,7 @@ def test_a_preempted_sequence_fast_forwards_its_new_matcher_once(
 def test_a_row_left_with_nothing_ends(llama_dir: Path) -> None:
     """A matcher that rejects a token (only a row the request's own masks emptied samples
     one) allows EOS alone from then on; it never takes the worker down."""
-    masks = GrammarMasks(str(llama_dir), VOCAB, frozenset({EOS}), torch.device("cpu"))
+    masks = GrammarMasks(str(llama_dir), VOCAB, frozenset({EOS}))
     s = seq(Constraint("regex", "[0-9]+"), [EOS + 1000])  # not a digit
     masks.arrive(0, s)
     assert allowed(masks, [s]) == [{EOS}]

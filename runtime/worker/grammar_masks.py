@@ -54,13 +54,10 @@ class MaskJob:
 class GrammarMasks:
     """The matchers of one worker's constrained sequences, and the masks they make."""
 
-    def __init__(
-        self, model: str, vocab_size: int, eos_token_ids: frozenset[int], device: torch.device
-    ) -> None:
+    def __init__(self, model: str, vocab_size: int, eos_token_ids: frozenset[int]) -> None:
         self._model = model  # the checkpoint whose tokenizer the matchers read
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
-        self.device = device
         self._states: dict[int, _State] = {}
         self._templates: OrderedDict[Constraint, LLMatcher] = OrderedDict()
         self._tokenizer: LLTokenizer | None = None

@@ -107,9 +107,7 @@ class ModelRunner:
         self.processors = LogitsProcessors(
             self.info.vocab_size, self.info.eos_token_ids, self.device
         )
-        self.grammars = GrammarMasks(
-            config.model, self.info.vocab_size, self.info.eos_token_ids, self.device
-        )
+        self.grammars = GrammarMasks(config.model, self.info.vocab_size, self.info.eos_token_ids)
         self.prompt_logprobs = PromptLogprobs()
         self.inputs = InputBuilder(
             self.device,
