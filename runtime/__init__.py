@@ -8,15 +8,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from runtime.config.constraint import Constraint
     from runtime.config.engine import EngineConfig
     from runtime.config.sampling import SamplingParams
     from runtime.frontend.engine import Engine
     from runtime.frontend.launch import open_engine
     from runtime.protocol import RequestOutput
 
-__all__ = ["Engine", "EngineConfig", "RequestOutput", "SamplingParams", "open_engine"]
+__all__ = ["Constraint", "Engine", "EngineConfig", "RequestOutput", "SamplingParams", "open_engine"]
 
 _WHERE = {
+    "Constraint": "runtime.config.constraint",
     "Engine": "runtime.frontend.engine",
     "open_engine": "runtime.frontend.launch",
     "EngineConfig": "runtime.config.engine",

@@ -13,6 +13,7 @@ import trio
 
 from runtime.frontend.loads import internal_state, load_entry
 from runtime.protocol import (
+    Constraint,
     ControlClient,
     EngineClient,
     EngineStats,
@@ -46,6 +47,7 @@ class FakeEngine(EngineClient):
     sessions: set[str] = field(default_factory=set)
     data_parallel_size: int = 1  # each group reports the same figures
     last_tools: list[dict[str, Any]] | None = None  # what the last chat was rendered with
+    compiled: list[Constraint] = field(default_factory=list)
     control: FakeControl = field(init=False)
     weights: FakeControl = field(init=False)  # the same fake plays both parts
 
@@ -55,6 +57,13 @@ class FakeEngine(EngineClient):
     @property
     def model_card(self) -> ModelCard:
         return ModelCard("/fake/model", self.max_model_len, 100, self.control.weight_version)
+
+    async def compile_constraint(self, constraint: Constraint) -> None:
+        """A source that says "invalid" does not compile."""
+        await trio.lowlevel.checkpoint()
+        if "invalid" in constraint.source:
+            raise ValueError(f"the {constraint.kind} is invalid")
+        self.compiled.append(constraint)
 
     def generate(
         self,

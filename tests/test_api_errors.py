@@ -127,10 +127,10 @@ BAD_REQUESTS = [
     (
         "POST",
         "/v1/completions",
-        {"model": MODEL, "prompt": "hi", "guided_json": {"type": "object"}},
+        {"model": MODEL, "prompt": "hi", "guided_json": {"type": "object"}, "regex": "a+"},
         400,
         "guided_json",
-        "unsupported_parameter",
+        "invalid_value",
     ),
     (
         "POST",

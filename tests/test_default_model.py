@@ -8,10 +8,14 @@ serves them all; it starts warm, from the copy the session's smollm2_dir fixture
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 from openai import OpenAI
 from transformers import PreTrainedTokenizerBase
@@ -93,3 +97,63 @@ def test_greedy_parity_with_transformers_gguf_loader(
             body = {"input_ids": prompt, "sampling_params": params}
             assert client.post("/generate", json=body).json()["output_ids"] == tokens
     assert sum(map(len, expected)) > 4 * MAX_TOKENS  # only the France answer ends early
+
+
+# -- structured output, on the real vocabulary --------------------------------------------
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[A-Z][a-z]+$"},
+        "age": {"type": "integer", "minimum": 18, "maximum": 99},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "skills": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 2},
+    },
+    "required": ["name", "age", "role", "skills"],
+}
+PHONE = r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}"
+SUM = 'root ::= num " + " num " = " num\nnum ::= [1-9] [0-9]?'  # GBNF
+
+
+def test_the_default_model_answers_in_the_shape_asked_for(server: ServerProcess) -> None:
+    """Why SmolLM2: its 49k byte-level BPE tokens run across JSON's punctuation and into
+    words ('":', ' {"', '":"'), which the tiny checkpoints' 4k do not, and it writes text
+    worth constraining. A JSON schema at temperature 0 (OpenAI's response_format) and at 1
+    with three seeds (vLLM's structured_outputs, compact), a regex, choices and a GBNF
+    grammar, all in one batch (sent at once; the tiny llama's tests cover the rest)."""
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    person = {"name": "person", "schema": PERSON, "strict": True}
+    compact = {
+        "json": PERSON,
+        "disable_any_whitespace": True,
+        "disable_additional_properties": True,
+    }
+
+    def ask(content: str, n: int = 1, temperature: float = 0.0, **shape: object) -> list[str]:
+        reply = client.chat.completions.create(  # type: ignore[call-overload]
+            model=MODEL_ID, messages=[{"role": "user", "content": content}], n=n, seed=3,
+            temperature=temperature, max_tokens=80, **shape,
+        )  # fmt: skip
+        assert all(c.finish_reason == "stop" for c in reply.choices)
+        return [c.message.content or "" for c in reply.choices]
+
+    with ThreadPoolExecutor(5) as pool:
+        greedy = pool.submit(
+            ask, "Describe Alice, an engineer, as JSON.",
+            response_format={"type": "json_schema", "json_schema": person},
+        )  # fmt: skip
+        sampled = pool.submit(
+            ask, "Describe a nurse as JSON.", 3, 1.0, extra_body={"structured_outputs": compact}
+        )
+        phone = pool.submit(ask, "A US phone number?", extra_body={"guided_regex": PHONE})
+        yes_no = pool.submit(
+            ask, "Is Paris in France?", extra_body={"guided_choice": ["yes", "no"]}
+        )
+        arithmetic = pool.submit(ask, "Add two numbers.", extra_body={"guided_grammar": SUM})
+    for text in greedy.result() + sampled.result():
+        jsonschema.validate(json.loads(text), PERSON)
+    assert json.loads(greedy.result()[0])["name"] == "Alice"
+    assert all(t.startswith('{"name":"') and "\n" not in t for t in sampled.result())  # compact
+    assert re.fullmatch(PHONE, phone.result()[0])
+    assert yes_no.result() == ["yes"]
+    assert re.fullmatch(r"[1-9][0-9]? \+ [1-9][0-9]? = [1-9][0-9]?", arithmetic.result()[0])

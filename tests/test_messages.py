@@ -3,6 +3,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
+from runtime.config.constraint import Constraint
 from runtime.config.sampling import SamplingParams
 from runtime.tracing import ProfileRequest
 from runtime.wire.codec import _TAG_OF, WireError, decode, encode
@@ -60,10 +61,13 @@ PARAMS = SamplingParams(
     stop_token_ids=(5, 6),
     stop=("END",),
 )
+CONSTRAINT = Constraint("json", '{"type": "object"}', whitespace_pattern=" ?", strict=True)
 STATS = SchedulerStats(1, 2, 3, 4, 5, 6, 7, 8, 9, 0.1, 0.2, 0.3, 10, 11, 12)
 WORKER_STATS = WorkerStats(9, 0.1, 0.2, 0.3, 0.4, 0.05)
 EXAMPLES = [
     PARAMS,
+    CONSTRAINT,
+    SamplingParams(n=2, constraint=CONSTRAINT),
     AddRequest("r1", (1, 2, 3), 7, PARAMS),
     Submit((AddRequest("r1", (1,), 1, SamplingParams()),), ("r0", "r2")),
     Submit((), ()),
@@ -160,6 +164,12 @@ def test_round_trip(msg: object) -> None:
         ),
         (msgpack.packb([1, 0, 1.0, 0, 1.0, 0.0, None, False, [], [], *NEW]), "max_tokens must be"),
         (msgpack.packb([1, None, "hot", 0, 1.0, 0.0, None, False, [], [], *NEW]), "temperature: e"),
+        (msgpack.packb([53, "json", 7, False, None, False]), "Constraint.source: expected str"),
+        (msgpack.packb([53, "lisp", "x", False, None, False]), "Constraint: constraint kind"),
+        (
+            msgpack.packb([1, None, 1.0, 0, 1.0, 0.0, None, False, [], [], *NEW[:-1], [4, 1]]),
+            "SamplingParams.constraint: expected Constraint",
+        ),
         (msgpack.packb([3, [], "abc"]), "Submit.aborts: expected a list"),
         (msgpack.packb([52, 1, [4, 1]]), "Control.op: expected a ControlOp, got list"),
         (msgpack.packb([52, 1, [999]]), "Control.op: expected a ControlOp"),

@@ -18,5 +18,5 @@ python3 -m pip download --quiet --only-binary=:all: --python-version 3.12 --impl
     "${platforms[@]}" --dest "$dest" \
     "trio>=0.30" "hypercorn>=0.18,<0.19" "quart-trio>=0.12" "pynng>=0.8" "msgpack>=1.0" \
     "pydantic>=2.7" "prometheus_client>=0.20" "httpx>=0.27" "tqdm>=4.60" \
-    "pytest>=8.4" "pytest-trio>=0.8"
+    "pytest>=8.4" "pytest-trio>=0.8" "llguidance>=1.9,<2" "jsonschema>=4.0"
 echo "$(ls "$dest" | wc -l) wheels, $(du -sh "$dest" | cut -f1), in $dest"

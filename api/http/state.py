@@ -189,7 +189,7 @@ class ServerState:
                 503, "the server is overloaded; retry later", code="overloaded", headers=RETRY
             )
 
-    def start(
+    async def start(
         self,
         prompts: Sequence[str | list[int]],
         params: SamplingParams | Sequence[SamplingParams],
@@ -197,7 +197,8 @@ class ServerState:
         session: SessionParams | None = None,
     ) -> list[AsyncGenerator[RequestOutput, None]]:
         """Validate every prompt (with its params, or the one `params` for all) before any is
-        queued; a bad one is a 400 for the whole request, as is a rid given twice."""
+        queued, structured-output constraints compiled; a bad one is a 400 for the whole
+        request, as is a rid given twice."""
         timeout = self.settings.request_timeout
         each = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(set(rids)) < len(rids):
@@ -206,6 +207,8 @@ class ServerState:
             )
         check_prompt_logprobs(prompts, each)
         try:
+            for constraint in {p.constraint for p in each if p.constraint is not None}:
+                await self.engine.compile_constraint(constraint)
             streams = [
                 self.engine.generate(prompt, p, rid=rid, timeout=timeout, session=session)
                 for prompt, p, rid in zip(prompts, each, rids, strict=True)

@@ -46,7 +46,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
         params = [req.params(item, len(p)) for item, p in zip(items, prompts, strict=True)]
         state.admit(len(items) * n)  # again: others may have come in while these tokenized
         rids = [item.rid or uuid.uuid4().hex for item in items]
-        streams = state.start(prompts, params, rids, req.session())
+        streams = await state.start(prompts, params, rids, req.session())
         shapes = [
             GenerateShape(state.engine, req, p, r) for p, r in zip(prompts, rids, strict=True)
         ]

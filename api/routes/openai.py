@@ -41,7 +41,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
         state.admit(len(prompts) * req.n)  # again: others may have come in meanwhile
         head = response_head(state, f"cmpl-{uuid.uuid4().hex}", "text_completion")
         rids = [f"{head['id']}-{i}" for i in range(len(prompts))]
-        streams = state.start(token_ids, params, rids)
+        streams = await state.start(token_ids, params, rids)
         echoes = [await echo_text(state.engine, p) for p in prompts] if req.echo else None
         shape = CompletionShape(state.engine, req, echoes)
         if req.stream:
@@ -60,7 +60,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
         prompt = await state.chat_prompt(req.conversation(), req.chat_template_kwargs)
         state.admit(req.n)  # again: others may have come in while this one was rendered
         head = response_head(state, f"chatcmpl-{uuid.uuid4().hex}", "chat.completion")
-        streams = state.start([prompt], params, [head["id"]])
+        streams = await state.start([prompt], params, [head["id"]])
         if req.stream:
             head["object"] = "chat.completion.chunk"
             outputs = merged(streams, state.metrics, app.nursery)

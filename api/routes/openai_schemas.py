@@ -18,6 +18,7 @@ from api.routes.sampling_fields import (
     SamplingFields,
     TokenIds,
 )
+from api.routes.structured_fields import ResponseFormat, Spelling
 from runtime.protocol import SamplingParams
 
 # Labels, billing and caching hints a server may take and do nothing with.
@@ -50,6 +51,14 @@ class Sampling(SamplingFields):
     stream: bool = False
     stream_options: StreamOptions | None = None
     min_tokens: Count = 0  # vLLM's and SGLang's
+    response_format: ResponseFormat | None = None  # completions: vLLM's
+
+    def spellings(self) -> list[Spelling]:
+        found = super().spellings()
+        fmt = self.response_format
+        if fmt is not None and fmt.type != "text":
+            found.append(("response_format", fmt.constraint))
+        return found
 
     @model_validator(mode="after")
     def _check_stream_options(self) -> Sampling:
@@ -143,7 +152,6 @@ class ChatCompletionRequest(Sampling):
         functions=Refusal(([],), NO_TOOLS),
         function_call=Refusal(("none",), NO_TOOLS),
         tool_choice=Refusal(("none",), NO_TOOLS),
-        response_format=Refusal(({"type": "text"},), "only text output is supported yet"),
         modalities=Refusal((["text"],), "only text output is supported"),
         audio=Refusal((), "audio output is not supported"),
         prediction=Refusal((), "predicted outputs are not supported"),

@@ -8,7 +8,8 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from api.http.errors import APIError
-from api.http.fields import Body, Refusal, refusals
+from api.http.fields import Refusal, refusals
+from api.routes.structured_fields import StructuredFields
 from runtime.protocol import SamplingParams
 
 # Caps on the lists a client controls, so that no request costs the others more than its share
@@ -35,14 +36,8 @@ Count = Annotated[int, Field(ge=0, lt=2**31)]  # n, logprobs...: the engine appl
 TokenId = Annotated[int, Field(ge=0, lt=2**31)]
 
 
-STRUCTURED = "structured output (JSON schema, regex, grammar) is not supported yet"
 # What the routes of all three APIs may carry that this engine cannot honour at another value.
-STRUCTURED_FIELDS = (
-    *("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"),
-    *("json_schema", "regex", "ebnf", "structural_tag"),
-)
 SAMPLING_REFUSALS = refusals(
-    {name: Refusal((), STRUCTURED) for name in STRUCTURED_FIELDS},
     use_beam_search=Refusal((False,), "beam search is not supported"),
     length_penalty=Refusal((1, 1.0), "is a beam search parameter: beam search is not supported"),
     logits_processors=Refusal(([],), "custom logits processors are not supported"),
@@ -54,8 +49,9 @@ SAMPLING_REFUSALS = refusals(
 )
 
 
-class SamplingFields(Body):
-    """How to sample, as OpenAI's, vLLM's and SGLang's APIs all spell it; null means default."""
+class SamplingFields(StructuredFields):
+    """How to sample, as OpenAI's, vLLM's and SGLang's APIs all spell it; null means default
+    (structured output's fields: api/routes/structured_fields.py)."""
 
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
@@ -109,6 +105,7 @@ class SamplingFields(Body):
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            constraint=self.constraint(),
         )
         try:
             return SamplingParams(**(fields | more))

@@ -10,6 +10,7 @@ TRL pushes new weights through an NCCL group of its own (`/init_communicator/`,
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from typing import Annotated, Any
 
 import trio
@@ -24,7 +25,8 @@ from api.http.streaming import Collected, collect_all
 from api.routes.guard import control_routes
 from api.routes.openai_schemas import MAX_MESSAGES, Messages
 from api.routes.sampling_fields import MAX_PROMPTS, Count, NonEmptyStr, SamplingFields, TokenIds
-from runtime.protocol import SamplingParams
+from api.routes.structured_fields import Source, Spelling
+from runtime.protocol import Constraint, SamplingParams
 
 NCCL_ONLY = (
     "TRL's NCCL weight sync is not supported: join with /init_weights_update_group and send "
@@ -37,11 +39,18 @@ class TRLSampling(SamplingFields):
 
     refused_unless = refusals(
         images=Refusal(([],), "images are not supported"),
-        structured_outputs_regex=Refusal((), "structured output is not supported yet"),
         generation_kwargs=Refusal(({},), "extra generation arguments are not supported"),
     )
     max_tokens: Annotated[int, Field(ge=1)] = 16
     logprobs: Count | None = 0
+    structured_outputs_regex: Source | None = None
+
+    def spellings(self) -> list[Spelling]:
+        regex = self.structured_outputs_regex
+        found = super().spellings()
+        if regex is not None:
+            found.append(("structured_outputs_regex", partial(Constraint, "regex", regex)))
+        return found
 
     def params(self) -> SamplingParams:
         return self.sampling_params(self.max_tokens, logprobs=self.logprobs or 0)
@@ -125,7 +134,7 @@ async def answer(state: ServerState, req: TRLSampling, prompts: list[list[int]])
     params = req.params()
     state.admit(len(prompts) * params.n)
     rids = [f"trl-{uuid.uuid4().hex}" for _ in prompts]
-    streams = state.start(prompts, params, rids)
+    streams = await state.start(prompts, params, rids)
     results = await collect_all(streams, state.metrics, params.n)
     lists = [token_logprobs(r) for r in results]
     return jsonify(

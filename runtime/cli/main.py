@@ -187,6 +187,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        structured_outputs_backend=args.structured_outputs_backend,
     )
 
 

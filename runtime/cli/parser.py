@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Callable
 from functools import partial
@@ -127,6 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["raw", "processed"],
         help="raw: the model's distribution (vLLM's default); processed: the one sampled from "
         "(after temperature, penalties and top-k/top-p)",
+    )
+    serve.add_argument(
+        "--structured-outputs-config",
+        dest="structured_outputs_backend",
+        type=structured_outputs_backend,
+        default='{"backend": "llguidance"}',
+        metavar="JSON",
+        help='vLLM\'s; its backend ("llguidance", or "guidance", "auto") constrains decoding to '
+        "a JSON schema, regex or grammar: llguidance is the only one here",
     )
     serve.add_argument(
         "--max-steps-in-flight",
@@ -293,6 +303,21 @@ def add_replay(replay: argparse.ArgumentParser) -> None:
     replay.add_argument(
         "--api-key-file", type=Path, help="read the key from this file (it stays out of `ps`)"
     )
+
+
+def structured_outputs_backend(text: str) -> str:
+    """The backend of vLLM's `--structured-outputs-config` JSON; its other keys are vLLM's
+    own settings, refused by name rather than ignored."""
+    try:
+        config = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not JSON: {text[:80]!r}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("backend", ""), str):
+        raise argparse.ArgumentTypeError('give a JSON object such as {"backend": "llguidance"}')
+    others = sorted(set(config) - {"backend"})
+    if others:
+        raise argparse.ArgumentTypeError(f"only backend is supported, not {', '.join(others)}")
+    return str(config.get("backend", "llguidance"))
 
 
 def port(text: str) -> int:

@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from runtime.config.constraint import backend_name
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
@@ -85,6 +87,8 @@ class EngineConfig:
             Triton backend on CUDA captures at startup, one per batch-size bucket).
         gpu_memory_utilization: the share of the GPU's memory the worker may fill (weights,
             KV pool, activations), when kv_cache_memory is 0.
+        structured_outputs_backend: what constrains decoding to a schema, regex or grammar:
+            "llguidance" (vLLM's "guidance" and "auto" name it too); nothing else exists here.
     """
 
     model: str
@@ -112,6 +116,7 @@ class EngineConfig:
     attention_backend: Literal["auto", "cpp", "triton", "torch"] = "auto"
     enforce_eager: bool = False
     gpu_memory_utilization: float = 0.9
+    structured_outputs_backend: str = "llguidance"
 
     def __post_init__(self) -> None:
         if self.mode not in ("process", "inproc"):
@@ -158,6 +163,8 @@ class EngineConfig:
             )
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")
+        backend = backend_name(self.structured_outputs_backend)
+        object.__setattr__(self, "structured_outputs_backend", backend)
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -6,6 +6,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from runtime.config.constraint import Constraint
+
 _NO_VOCABULARY_IS_THIS_LARGE = 2**31
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a bias, either way
 
@@ -47,6 +49,9 @@ class SamplingParams:
         spaces_between_special_tokens: with special tokens in the text, put a space between
             each of them and its neighbours (as slow Hugging Face tokenizers decode).
         include_stop_str_in_output: keep the matched stop string at the end of the text.
+        constraint: structured output: what the output must match (a JSON schema, a regex,
+            choices, a grammar); tokens that cannot continue a match are never sampled, and
+            once it is complete only EOS is.
     """
 
     max_tokens: int | None = None
@@ -73,6 +78,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:

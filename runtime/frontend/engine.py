@@ -27,9 +27,11 @@ import trio
 from transformers import PreTrainedTokenizerBase
 
 from runtime.checkpoints.model_info import ModelInfo
+from runtime.config.constraint import Constraint
 from runtime.config.engine import EngineConfig
 from runtime.config.sampling import SamplingParams
 from runtime.frontend.calls import Calls
+from runtime.frontend.constraints import ConstraintCompiler
 from runtime.frontend.control import EngineControl
 from runtime.frontend.data_parallel import DataParallelChannel
 from runtime.frontend.inputs import InputProcessor
@@ -88,6 +90,7 @@ class Engine(EngineClient):
         self.config = config
         self.info = info
         self.inputs = InputProcessor(tokenizer, info.vocab_size, config, info.eos_token_ids)
+        self.constraints = ConstraintCompiler(tokenizer, info.vocab_size, info.eos_token_ids)
         self.processes = processes or {}  # actor processes by role (process mode)
         self._groups = groups  # with data parallelism: the channel to every group
         self.ready: EngineReady | None = None  # what the actors run, once `run` has started
@@ -166,7 +169,9 @@ class Engine(EngineClient):
         """Generate from a prompt (text, or token ids); yields outputs as tokens come.
 
         Raises ValueError for a bad prompt or parameters right away, before anything is
-        queued; the iterator raises EngineDeadError if the engine stops mid-request.
+        queued (for a structured-output constraint not compiled yet, `compile_constraint`,
+        as the iteration starts); the iterator raises EngineDeadError if the engine stops
+        mid-request.
         """
         params = params or SamplingParams()
         token_ids = self.inputs.prompt_token_ids(prompt)
@@ -189,6 +194,9 @@ class Engine(EngineClient):
             child = params.replace(seed=seed, prompt_logprobs=None)
             adds.append(AddRequest(f"{order}.{i}", token_ids, max_tokens, child, "", f"{order}"))
         return self._run(label, adds, order, timeout or math.inf, turn)
+
+    async def compile_constraint(self, constraint: Constraint) -> None:
+        await self.constraints.compile(constraint)
 
     def abort(self, rid: str) -> bool:
         return self.requests.abort(rid)
@@ -295,6 +303,9 @@ class Engine(EngineClient):
         turn: SessionTurn | None,
     ) -> AsyncGenerator[RequestOutput, None]:
         self._calls.check_alive()
+        constraint = adds[0].params.constraint
+        if constraint is not None:  # usually a cached verdict: the API compiled it already
+            await self.constraints.compile(constraint)
         await trio.lowlevel.checkpoint_if_cancelled()  # already cancelled: queue nothing
         self.requests.check_label_free(label)  # another may have taken it since `generate`
         if turn is not None:

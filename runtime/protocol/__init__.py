@@ -7,6 +7,7 @@ so its tests drive it with small fakes, and another engine could stand in.
 (`runtime.frontend.engine.Engine`) implements them.
 """
 
+from runtime.config.constraint import Constraint
 from runtime.config.sampling import SamplingParams
 from runtime.protocol.control import ControlClient, WeightsClient
 from runtime.protocol.engine import EngineClient
@@ -29,6 +30,7 @@ from runtime.protocol.types import (
 
 __all__ = [
     "MAX_TENSOR_DIM",
+    "Constraint",
     "ControlClient",
     "EngineClient",
     "EngineDeadError",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Protocol
 
+from runtime.config.constraint import Constraint
 from runtime.config.sampling import SamplingParams
 from runtime.protocol.control import ControlClient, WeightsClient
 from runtime.protocol.types import (
@@ -43,6 +44,13 @@ class EngineClient(Protocol):
         request still running then is aborted and the iterator raises RequestTimeoutError.
         With a `session`, the prompt continues that session's history (its KV reused).
         """
+        ...
+
+    async def compile_constraint(self, constraint: Constraint) -> None:
+        """Check a structured-output constraint by compiling it, off the event loop:
+        ValueError naming what is wrong (invalid, too large, too slow to compile). `generate`
+        compiles its request's constraint too as its iteration starts; a server calls this
+        first, to answer 400 before it streams. Verdicts are cached: the second is free."""
         ...
 
     def abort(self, rid: str) -> bool:

@@ -6,17 +6,19 @@ entry per sequence, so a step costs one message per direction whatever the batch
 Control ops and their envelope are in `runtime.wire.control`; `ControlDone` answers them.
 
 Tags are part of the protocol between processes: never reuse or renumber one. Retired: 13, 36.
-Next free: 53.
+Next free: 54.
 """
 
 from __future__ import annotations
 
 import runtime.wire.control  # noqa: F401 (registers the control ops with the codec)
+from runtime.config.constraint import Constraint
 from runtime.config.sampling import SamplingParams
 from runtime.wire.codec import message, register
 from runtime.wire.stats import SchedulerStats, WorkerStats  # fields here; actors import them
 
 register(1)(SamplingParams)
+register(53)(Constraint)  # SamplingParams.constraint
 
 
 @message(2)

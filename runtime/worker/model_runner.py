@@ -20,6 +20,7 @@ from runtime.models.llama import ModelArgs
 from runtime.wire.messages import Logprobs, ShardStep, StepPlan
 from runtime.worker.batch_inputs import InputBuilder
 from runtime.worker.decode_graphs import DecodeGraphs
+from runtime.worker.grammar_masks import GrammarMasks, MaskJob
 from runtime.worker.kv_memory import default_kv_cache_memory
 from runtime.worker.logits_processors import LogitsProcessors
 from runtime.worker.logprobs import PromptLogprobs, top_logprobs
@@ -106,6 +107,7 @@ class ModelRunner:
         self.processors = LogitsProcessors(
             self.info.vocab_size, self.info.eos_token_ids, self.device
         )
+        self.grammars = GrammarMasks(config.model, self.info.vocab_size, self.info.eos_token_ids)
         self.prompt_logprobs = PromptLogprobs()
         self.inputs = InputBuilder(
             self.device,
@@ -198,6 +200,9 @@ class ModelRunner:
         if self.tp.size > 1:
             rows = tuple(inputs.logit_rows.tolist())
             send_message(self.tp, ShardStep(plan, *self._sampled, rows))
+        seq_ids = [plan.seq_ids[i] for i in inputs.sampled]
+        sampled_seqs = [seqs[i] for i in inputs.sampled]
+        masks = self.grammars.start(seq_ids, sampled_seqs)  # made while the forward runs
         prepared = time.perf_counter()
         model = self.weights.model
         assert model is not None, "a step while the weights are released"
@@ -219,10 +224,8 @@ class ModelRunner:
         top: tuple[Logprobs | None, ...] = ()
         prompt: tuple[Logprobs | None, ...] = ()
         if inputs.sampling is not None:
-            seq_ids = [plan.seq_ids[i] for i in inputs.sampled]
-            sampled_seqs = [seqs[i] for i in inputs.sampled]
             token_ids, logprobs, top = self._sample(
-                logits[:num_sampled], inputs.sampling, seq_ids, sampled_seqs
+                logits[:num_sampled], inputs.sampling, seq_ids, sampled_seqs, masks
             )
             if self.prompt_logprobs.waiting:
                 prompt = self._first_samples(seq_ids, sampled_seqs)
@@ -263,11 +266,13 @@ class ModelRunner:
         for seq_id in plan.released:
             self.processors.leave(seq_id)
             self.prompt_logprobs.leave(seq_id)
+            self.grammars.leave(seq_id)
         seqs = self.table.apply(plan)
         for new in plan.new_seqs:
             seq = self.table.seqs[new.seq_id]
             self.processors.arrive(new.seq_id, seq)
             self.prompt_logprobs.arrive(new.seq_id, seq)
+            self.grammars.arrive(new.seq_id, seq)
         return seqs
 
     def _sample(
@@ -276,8 +281,14 @@ class ModelRunner:
         batch: SamplingBatch,
         seq_ids: list[int],
         seqs: list[WorkerSeq],
+        masks: MaskJob | None = None,
     ) -> tuple[list[int], list[float], tuple[Logprobs | None, ...]]:
         """Token ids, their log-probabilities, and the top ones where asked."""
+        if masks is not None:
+            # first: the raw log-probabilities are of the constrained distribution, as vLLM
+            # reports them; a -inf stays -inf through penalties and bias, so this is the same
+            # as masking after them
+            self.grammars.apply(logits, masks)
         asking = self.processors.asking
         if not self.processed_logprobs and (not asking or asking.isdisjoint(seq_ids)):
             tokens, token_logprobs = sample(logits, batch, self.kernels)  # the plain path
@@ -288,6 +299,8 @@ class ModelRunner:
         raw = None if self.processed_logprobs else torch.log_softmax(logits, dim=-1)
         if processes:
             self.processors.apply(logits, seq_ids, seqs)
+        if masks is not None:
+            self.grammars.keep_one(logits, masks)
         if self.processed_logprobs:
             tokens, processed = choose(logits, batch, processed=True)
         else:
