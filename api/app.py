@@ -155,7 +155,8 @@ def _register_basics(app: QuartTrio, state: ServerState) -> None:
         param, text, special = "prompt", req.prompt or "", req.add_special_tokens
         if req.messages is not None:
             param, special = "messages", False
-            text = await state.chat_text([m.as_dict() for m in req.messages])
+            tools = [tool.as_dict() for tool in req.tools or []] or None
+            text = await state.chat_text([m.as_dict() for m in req.messages], None, tools)
         tokens = await state.encode(text, param=param, add_special_tokens=special)
         card = state.engine.model_card
         return jsonify(

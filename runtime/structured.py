@@ -15,7 +15,7 @@ from typing import Any
 import llguidance
 from llguidance import LLMatcher, LLParserLimits, LLTokenizer, StructTag
 
-from runtime.config.constraint import Constraint
+from runtime.config.constraint import Constraint, close_objects
 
 # Between JSON tokens: 1 to 16 whitespace characters (or none). llguidance's default,
 # `[\x20\x0A\x0D\x09]+`, is unbounded, and a small model at temperature 0 can fill its
@@ -102,7 +102,7 @@ def _json_grammar(constraint: Constraint) -> str:
             raise ValueError("a JSON schema is an object (or true, or false)")
         _check_depth(schema)
         if constraint.strict:
-            _close_objects(schema)
+            close_objects(schema)
     options: dict[str, Any] = {"whitespace_pattern": constraint.whitespace_pattern}
     if constraint.compact:
         options = {"whitespace_flexible": False}  # "," and ":" alone between tokens
@@ -132,21 +132,6 @@ def _check_depth(value: Any) -> None:
         children = item.values() if isinstance(item, dict) else item
         if isinstance(item, dict | list):
             stack.extend((child, depth + 1) for child in children)
-
-
-def _close_objects(schema: Any) -> None:
-    """additionalProperties: false in every object schema that names properties and does not
-    say (vLLM's rule for disable_additional_properties); depth already checked."""
-    if isinstance(schema, list):
-        for item in schema:
-            _close_objects(item)
-    elif isinstance(schema, dict):
-        for value in schema.values():
-            _close_objects(value)
-        if "additionalProperties" not in schema and (
-            "properties" in schema or "patternProperties" in schema
-        ):
-            schema["additionalProperties"] = False
 
 
 def _choices(source: str) -> list[str]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 from quart.typing import TestClientProtocol as QuartClient
 from transformers import PreTrainedTokenizerBase
 
@@ -25,10 +25,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # CI runs the same examples every time (a failure there reproduces); elsewhere each run
-# draws new ones, which is how new failures are found
-settings.register_profile("ci", derandomize=True, print_blob=True)
-if os.environ.get("CI"):
-    settings.load_profile("ci")
+# draws new ones, which is how new failures are found. No deadline: a loaded 2-core
+# machine makes any per-example time limit flaky.
+SLOW_MACHINE = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+settings.register_profile("ci", derandomize=True, print_blob=True, **SLOW_MACHINE)
+settings.register_profile("local", **SLOW_MACHINE)
+settings.load_profile("ci" if os.environ.get("CI") else "local")
 
 ARCHS = ("llama", "qwen2", "qwen3")
 
@@ -87,6 +89,21 @@ def smollm2_dir(smollm2_gguf: Path, runtime_cache: Path) -> Path:
     from runtime.checkpoints.gguf import resolve_checkpoint
 
     return Path(resolve_checkpoint(str(smollm2_gguf)))
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(smollm2_dir: Path) -> Iterator[ServerProcess]:
+    """`runtime serve` with no --model (SmolLM2), shared by the tests of the default model
+    and of tool calling: float32, as transformers computes the references (auto would pick
+    bfloat16 on a CPU with native bf16), with tool_choice "auto" enabled."""
+    proc = ServerProcess(
+        None, "--dtype", "float32", "--max-model-len", "1024",
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+    )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        proc.terminate()
 
 
 @pytest.fixture(scope="session")

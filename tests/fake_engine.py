@@ -35,7 +35,8 @@ WORDS = ["alpha ", "beta ", "gamma ", "delta ", "eps ", "zeta ", "eta ", "theta 
 
 @dataclass
 class FakeEngine(EngineClient):
-    """Each request yields one word per output until max_tokens (default 4)."""
+    """Each request yields one word per output until max_tokens (default 4); or, with
+    `reply` set, that text in pieces of 3 characters, then stops (as a model's EOS)."""
 
     max_model_len: int = 64
     healthy: bool = True
@@ -48,6 +49,7 @@ class FakeEngine(EngineClient):
     data_parallel_size: int = 1  # each group reports the same figures
     last_tools: list[dict[str, Any]] | None = None  # what the last chat was rendered with
     compiled: list[Constraint] = field(default_factory=list)
+    reply: str | None = None
     control: FakeControl = field(init=False)
     weights: FakeControl = field(init=False)  # the same fake plays both parts
 
@@ -92,7 +94,11 @@ class FakeEngine(EngineClient):
         self.open.add(rid)
         done = False
         try:
+            words = WORDS
             count = params.max_tokens or 4
+            if self.reply is not None:
+                words = [self.reply[i : i + 3] for i in range(0, len(self.reply), 3)]
+                count = min(count, len(words)) if params.max_tokens else len(words)
             for i in range(count):
                 if self.step is not None:
                     with trio.move_on_after(limit or math.inf) as waiting:
@@ -100,7 +106,7 @@ class FakeEngine(EngineClient):
                     if waiting.cancelled_caught:
                         raise RequestTimeoutError("the request ran past its timeout")
                 await trio.lowlevel.checkpoint()
-                word = WORDS[i % len(WORDS)]
+                word = words[i % len(words)]
                 stop = next((s for s in params.stop if s in word), None)
                 if stop is not None:
                     done = True
@@ -108,7 +114,10 @@ class FakeEngine(EngineClient):
                     for sample in self._samples(out, params):
                         yield sample
                     return
-                reason = "length" if i == count - 1 else None
+                reason = None
+                if i == count - 1:
+                    whole = self.reply is not None and count == len(words)
+                    reason = "stop" if whole else "length"
                 done = reason is not None
                 for sample in self._samples(
                     self._output(rid, [i], word, reason, None, prompt_len), params

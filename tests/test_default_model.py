@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,14 +33,8 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_dir: Path) -> Iterator[ServerProcess]:
-    # float32, as transformers computes the reference (auto would pick bfloat16 on a CPU
-    # with native bf16)
-    proc = ServerProcess(None, "--dtype", "float32", "--max-model-len", "1024")
-    try:
-        yield proc
-    finally:
-        proc.terminate()
+def server(smollm2_server: ServerProcess) -> ServerProcess:
+    return smollm2_server
 
 
 def test_it_answers_the_france_question(server: ServerProcess) -> None:

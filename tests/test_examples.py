@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.server_process import ServerProcess
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -18,3 +20,13 @@ def test_rl_loop_runs(llama_dir: Path) -> None:
     assert [row[0] for row in rows] == ["1", "2"]
     assert [row[-1] for row in rows] == ["step-1", "step-2"]
     assert all(float(row[1]) > 0 for row in rows)  # rollout tokens per second
+
+
+def test_tool_loop_runs(smollm2_server: ServerProcess) -> None:
+    command = [sys.executable, "examples/tool_loop.py", "--url", smollm2_server.url]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "user: What is the weather in Paris?"
+    assert lines[1].startswith('tool: get_weather({"city": "Paris"') and "sunny" in lines[1]
+    assert lines[2].startswith("assistant: ") and len(lines[2]) > len("assistant: ")

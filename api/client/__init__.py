@@ -25,6 +25,7 @@ from api.client.types import (
     Completion,
     CompletionChoice,
     Model,
+    ToolCall,
     Usage,
 )
 
@@ -37,6 +38,7 @@ __all__ = [
     "Completion",
     "CompletionChoice",
     "Model",
+    "ToolCall",
     "Usage",
 ]
 

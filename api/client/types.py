@@ -91,9 +91,39 @@ class Completion:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A call the model made; in a streamed chunk, a piece of one (the call at `index`: its
+    id and name once, then fragments of its arguments)."""
+
+    id: str | None
+    name: str | None
+    arguments: str  # JSON text
+    index: int | None = None
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> ToolCall:
+        function = data.get("function") or {}
+        return cls(data.get("id"), function.get("name"), function.get("arguments") or "",
+                   data.get("index"))  # fmt: skip
+
+    def as_dict(self) -> dict[str, Any]:
+        """The call as an assistant message of the history holds it."""
+        function = {"name": self.name, "arguments": self.arguments}
+        return {"id": self.id, "type": "function", "function": function}
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: str | None
     content: str | None
+    tool_calls: tuple[ToolCall, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The message as the next request's history holds it."""
+        message: dict[str, Any] = {"role": self.role or "assistant", "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [call.as_dict() for call in self.tool_calls]
+        return message
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +151,11 @@ class ChatCompletion:
             choices.append(
                 ChatChoice(
                     c["index"],
-                    ChatMessage(message.get("role"), message.get("content")),
+                    ChatMessage(
+                        message.get("role"),
+                        message.get("content"),
+                        tuple(ToolCall.parse(call) for call in message.get("tool_calls") or ()),
+                    ),
                     c.get("finish_reason"),
                     parse_chat_logprobs(c.get("logprobs")),
                 )

@@ -62,6 +62,9 @@ class ServerSettings:
         max_body_bytes: the byte limit of a body with prompts, at least (api/http/budget.py).
         cumulative_streaming_output: streamed /generate events carry the whole answer so
             far, as SGLang's do by default, instead of only what is new.
+        tool_call_parser: how the model writes tool calls (api/tools/parsers.py), if set.
+        enable_auto_tool_choice: let the model choose whether to call tools (tool_choice
+            "auto"); needs tool_call_parser.
     """
 
     served_model_name: str
@@ -76,6 +79,8 @@ class ServerSettings:
     output_root: Path = field(default_factory=Path.cwd)
     max_body_bytes: int = DEFAULT_MAX_BODY
     cumulative_streaming_output: bool = False
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
 
 
 @dataclass(slots=True)
@@ -239,18 +244,24 @@ class ServerState:
         ]  # fmt: skip
 
     async def chat_text(
-        self, conversation: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None = None
+        self,
+        conversation: list[dict[str, Any]],
+        template_kwargs: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         try:
-            return await self.engine.apply_chat_template(conversation, template_kwargs)
+            return await self.engine.apply_chat_template(conversation, template_kwargs, tools)
         except ValueError as exc:
             raise APIError(400, str(exc), param="messages") from None
 
     async def chat_prompt(
-        self, conversation: list[dict[str, str]], template_kwargs: Mapping[str, Any] | None = None
+        self,
+        conversation: list[dict[str, Any]],
+        template_kwargs: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         # the template already holds whatever special tokens (BOS...) the model wants
-        text = await self.chat_text(conversation, template_kwargs)
+        text = await self.chat_text(conversation, template_kwargs, tools)
         return await self.encode(text, param="messages", add_special_tokens=False)
 
 

@@ -26,6 +26,8 @@ from api.http.streaming import (
 )
 from api.routes import logprobs_format
 from api.routes.openai_schemas import ChatCompletionRequest, CompletionRequest
+from api.tools.choice import tool_choice
+from api.tools.stream import ToolCallReader, ToolCallStream, read_calls
 from runtime.protocol import EngineClient, RequestOutput
 
 
@@ -55,27 +57,50 @@ def register(app: QuartTrio, state: ServerState) -> None:
     async def chat_completions() -> Response:
         req = await state.parse(ChatCompletionRequest)
         state.check_model(req.model)
-        params = req.params()
+        tools = req.tool_dicts()
+        parser, auto = state.settings.tool_call_parser, state.settings.enable_auto_tool_choice
+        chosen = tool_choice(tools, req.chosen_tools, req.parallel_tool_calls, parser, auto)
+        params = req.params(chosen.grammar)
         state.admit(req.n)
-        prompt = await state.chat_prompt(req.conversation(), req.chat_template_kwargs)
+        prompt = await state.chat_prompt(req.conversation(), req.chat_template_kwargs, tools)
         state.admit(req.n)  # again: others may have come in while this one was rendered
         head = response_head(state, f"chatcmpl-{uuid.uuid4().hex}", "chat.completion")
         streams = await state.start([prompt], params, [head["id"]])
         if req.stream:
             head["object"] = "chat.completion.chunk"
             outputs = merged(streams, state.metrics, app.nursery)
-            return await sse_response(chat_events(state.engine, outputs, head, req))
+            events = chat_events(state.engine, outputs, head, req, chosen.reader)
+            return await sse_response(events)
         results = await collect_all(streams, state.metrics, req.n)
         choices = (
             chat_choice(
                 "message",
-                {"role": "assistant", "content": r.text},
-                r,
-                chat_logprobs(state.engine, req, r),
+                *assistant_message(chosen.reader, r),
+                logprobs=chat_logprobs(state.engine, req, r),
             )
             for r in results
         )
         return await json_in_pieces(choices, head, "choices", {"usage": usage(results)})
+
+
+def assistant_message(
+    reader: ToolCallReader | None, result: Collected
+) -> tuple[dict[str, Any], Collected, str | None]:
+    """The whole answer's message, the result, and its finish reason: "tool_calls" where
+    the model ended after writing calls."""
+    if reader is None:
+        return {"role": "assistant", "content": result.text}, result, result.finish_reason
+    answer = read_calls(reader, result.text)
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+    if not answer.tool_calls:
+        return message, result, result.finish_reason
+    message["tool_calls"] = answer.tool_calls
+    return message, result, called(result.finish_reason)
+
+
+def called(finish_reason: str | None) -> str | None:
+    """A call ends the answer as "tool_calls" where the model stopped by itself."""
+    return "tool_calls" if finish_reason == "stop" else finish_reason
 
 
 def response_head(state: ServerState, request_id: str, kind: str) -> dict[str, Any]:
@@ -157,15 +182,17 @@ def chat_choice(
     key: Literal["message", "delta"],
     content: dict[str, Any],
     end: Collected | RequestOutput | None = None,
+    finish_reason: str | None = None,
     logprobs: dict[str, Any] | None = None,
     index: int = 0,
 ) -> dict[str, Any]:
-    """A chat choice: `key` is "message" (whole) or "delta" (a streamed chunk)."""
+    """A chat choice: `key` is "message" (whole) or "delta" (a streamed chunk); `end` the
+    result or last output that ends it, with `finish_reason`."""
     return {
         "index": end.index if end is not None else index,
         key: content,
         "logprobs": logprobs,
-        "finish_reason": end.finish_reason if end is not None else None,
+        "finish_reason": finish_reason,
         "stop_reason": end.matched_stop if end is not None else None,
     }
 
@@ -215,9 +242,14 @@ async def completion_events(
 
 
 async def chat_events(
-    engine: EngineClient, outputs: Merged, head: dict[str, Any], req: ChatCompletionRequest
+    engine: EngineClient,
+    outputs: Merged,
+    head: dict[str, Any],
+    req: ChatCompletionRequest,
+    reader: ToolCallReader | None,
 ) -> AsyncIterator[bytes]:
     results = [Collected(index=i) for i in range(req.n)]
+    calls = [ToolCallStream(reader) for _ in range(req.n)] if reader is not None else None
     role = {"role": "assistant", "content": ""}  # OpenAI sends the role first, on its own
     for i in range(req.n):
         yield sse_event(head | {"choices": [chat_choice("delta", role, index=i)]})
@@ -227,18 +259,41 @@ async def chat_events(
     try:
         async with aclosing(outputs):
             async for _, out in outputs:
-                results[out.index].add(out)
-                if req.logprobs and out.token_ids:
+                result = results[out.index]
+                result.add(out)
+                logprobs = chat_logprobs(engine, req, out) if out.token_ids else None
+                if calls is not None:
+                    stream = calls[out.index]
+                    delta = tool_delta(stream, result.text, out.finished)
+                    if delta or logprobs is not None:
+                        choice = chat_choice("delta", delta, logprobs=logprobs, index=out.index)
+                        yield sse_event(head | {"choices": [choice]})
+                    finish = called(out.finish_reason) if stream.called else out.finish_reason
+                elif logprobs is not None:
                     delta = {"content": out.text}
-                    logprobs = chat_logprobs(engine, req, out)
-                    choice = chat_choice("delta", delta, None, logprobs, out.index)
+                    choice = chat_choice("delta", delta, logprobs=logprobs, index=out.index)
                     yield sse_event(head | {"choices": [choice]})
-                elif out.text:
-                    yield chunks.event(out.index, out.text)
+                    finish = out.finish_reason
+                else:
+                    if out.text:
+                        yield chunks.event(out.index, out.text)
+                    finish = out.finish_reason
                 if out.finished:
-                    yield sse_event(head | {"choices": [chat_choice("delta", {}, out)]})
+                    yield sse_event(head | {"choices": [chat_choice("delta", {}, out, finish)]})
     except Exception as exc:
         yield error_event(exc)
     if req.include_usage:
         yield sse_event(head | {"choices": [], "usage": usage(results)})
     yield SSE_DONE
+
+
+def tool_delta(stream: ToolCallStream, text: str, final: bool) -> dict[str, Any]:
+    """The delta of content and tool-call fragments that `text`, the whole text so far,
+    adds (empty if nothing can be told yet)."""
+    content, deltas = stream.feed(text, final)
+    delta: dict[str, Any] = {}
+    if content:
+        delta["content"] = content
+    if deltas:
+        delta["tool_calls"] = deltas
+    return delta

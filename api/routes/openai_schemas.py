@@ -4,9 +4,10 @@ implemented, accepted as no-ops, or refused at any value but their default."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from api.http.errors import unsupported
 from api.http.fields import Body, Refusal, refusals
@@ -19,7 +20,15 @@ from api.routes.sampling_fields import (
     TokenIds,
 )
 from api.routes.structured_fields import ResponseFormat, Spelling
-from runtime.protocol import SamplingParams
+from api.routes.tool_fields import (
+    CallId,
+    ToolCalls,
+    ToolChoice,
+    Tools,
+    check_call_ids,
+    check_tools,
+)
+from runtime.protocol import Constraint, SamplingParams
 
 # Labels, billing and caching hints a server may take and do nothing with.
 OPENAI_NO_OPS = frozenset(
@@ -116,24 +125,37 @@ class TextPart(Body):
 class ChatMessage(Body):
     no_ops = frozenset({"refusal", "annotations"})  # parts of OpenAI's own answers
     refused_unless = refusals(
-        tool_calls=Refusal(([],), "tool calling is not supported yet"),
-        function_call=Refusal((), "tool calling is not supported yet"),
+        function_call=Refusal((), "the legacy function_call is not supported: use tool_calls"),
         audio=Refusal((), "audio is not supported"),
     )
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: ToolCalls | None = None  # an assistant's
+    tool_call_id: CallId | None = None  # a tool result's: the call it answers
+
+    @model_validator(mode="after")
+    def _check_tool_fields(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise unsupported("tool_calls", "only an assistant message makes tool calls")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise unsupported("tool_call_id", "a tool message needs the id of the call it answers")
+        return self
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
         return self.content or ""
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict[str, Any]:
         """The message as the chat template sees it (templates may use `name`, as in vLLM)."""
-        message = {"role": self.role, "content": self.text()}
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [call.as_dict() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
 
 
@@ -141,17 +163,15 @@ class ChatMessage(Body):
 MAX_MESSAGES = 2048
 Messages = Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
 
-NO_TOOLS = "tool calling is not supported yet"
+LEGACY_FUNCTIONS = "the legacy functions API is not supported: use tools and tool_choice"
 
 
 class ChatCompletionRequest(Sampling):
-    no_ops = Sampling.no_ops | {"parallel_tool_calls", "separate_reasoning", "stream_reasoning"}
+    no_ops = Sampling.no_ops | {"separate_reasoning", "stream_reasoning"}
     refused_unless = refusals(
         Sampling.refused_unless,
-        tools=Refusal(([],), NO_TOOLS),
-        functions=Refusal(([],), NO_TOOLS),
-        function_call=Refusal(("none",), NO_TOOLS),
-        tool_choice=Refusal(("none",), NO_TOOLS),
+        functions=Refusal(([],), LEGACY_FUNCTIONS),
+        function_call=Refusal(("none",), LEGACY_FUNCTIONS),
         modalities=Refusal((["text"],), "only text output is supported"),
         audio=Refusal((), "audio output is not supported"),
         prediction=Refusal((), "predicted outputs are not supported"),
@@ -171,6 +191,10 @@ class ChatCompletionRequest(Sampling):
     top_logprobs: Count | None = None
     # vLLM's and SGLang's: extra variables for the chat template (e.g. enable_thinking)
     chat_template_kwargs: Annotated[dict[str, Any], Field(max_length=32)] | None = None
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None  # default: "auto" with tools, else "none"
+    parallel_tool_calls: bool = True
+    _tool_grammar: str | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:
@@ -178,15 +202,42 @@ class ChatCompletionRequest(Sampling):
             raise unsupported("top_logprobs", "needs logprobs=true")
         return self
 
-    def params(self) -> SamplingParams:
+    @model_validator(mode="after")
+    def _check_tools(self) -> ChatCompletionRequest:
+        check_tools(self.tools or [], self.tool_choice)
+        check_call_ids(self.messages)
+        return self
+
+    def params(self, tool_grammar: str | None = None) -> SamplingParams:
+        """`tool_grammar`: what tool_choice constrains the output to (api/tools/choice.py);
+        with another constraint on the request it is a 400 naming both."""
+        self._tool_grammar = tool_grammar
         return self.sampling_params(
             self.max_output_tokens,
             min_tokens=self.min_tokens,
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
         )
 
-    def conversation(self) -> list[dict[str, str]]:
+    def spellings(self) -> list[Spelling]:
+        found = super().spellings()
+        if self._tool_grammar is not None:
+            found.append(("tool_choice", partial(Constraint, "grammar", self._tool_grammar)))
+        return found
+
+    def conversation(self) -> list[dict[str, Any]]:
         return [m.as_dict() for m in self.messages]
+
+    def tool_dicts(self) -> list[dict[str, Any]]:
+        return [tool.as_dict() for tool in self.tools or []]
+
+    @property
+    def chosen_tools(self) -> str | dict[str, Any]:
+        """tool_choice, with OpenAI's default filled in."""
+        if self.tool_choice is None:
+            return "auto" if self.tools else "none"
+        if isinstance(self.tool_choice, str):
+            return self.tool_choice
+        return self.tool_choice.model_dump()
 
     @property
     def max_output_tokens(self) -> int | None:
@@ -197,6 +248,7 @@ class TokenizeRequest(Body):
     model: str | None = None
     prompt: str | None = None
     messages: Messages | None = None
+    tools: Tools | None = None  # vLLM's: rendered with the messages
     add_special_tokens: bool = True
 
     @model_validator(mode="after")

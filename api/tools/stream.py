@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from api.tools.calls import CallText, Parsed
@@ -34,11 +34,14 @@ class ToolCallReader:
     parser: Parser
     names: Collection[str]
     types: ParameterTypes = field(default_factory=dict)
+    single: bool = False  # without parallel tool calls: the first call alone is read
 
     def read(self, text: str, final: bool) -> Parsed | None:
         """The text so far; None if it holds no calls after all (all of it is content).
         A finished text whose calls never got as far as a name holds none."""
         parsed = self.parser(text, final, self.types)
+        if self.single and len(parsed.calls) > 1:
+            parsed = replace(parsed, calls=parsed.calls[:1])  # what follows is dropped
         names = [c.name for c in parsed.calls if c.name is not None]
         if parsed.broken or any(name not in self.names for name in names):
             return None

@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> None:
         check_control_api(args.enable_control_api, args.api_key, args.host)
         if not args.output_root.is_dir():
             raise ValueError(f"--output-root {args.output_root}: not a folder")
+        if args.enable_auto_tool_choice and not args.tool_call_parser:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
         config = engine_config(args)
         check_device(config.device)
     except ValueError as exc:
@@ -245,6 +247,8 @@ async def run_server(
                 output_root=args.output_root.resolve(),
                 max_body_bytes=int(args.max_body_mb * 2**20),
                 cumulative_streaming_output=args.cumulative_streaming_output,
+                tool_call_parser=args.tool_call_parser,
+                enable_auto_tool_choice=args.enable_auto_tool_choice,
                 log_config=LogConfig(
                     log_requests=args.log_requests,
                     log_requests_level=args.log_requests_level,

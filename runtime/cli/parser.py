@@ -219,6 +219,19 @@ def build_parser() -> argparse.ArgumentParser:
         "model's (as vLLM's); with tools, one that renders `tools`",
     )
     serve.add_argument(
+        "--tool-call-parser",
+        choices=["hermes", "llama3_json", "qwen3_xml"],
+        help="how the model writes tool calls, as vLLM names its parsers: hermes (also "
+        "Qwen2.5/Qwen3 and the built-in template), llama3_json or qwen3_xml; without it, "
+        'tool_choice "required" or a named tool is written in the hermes format',
+    )
+    serve.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='let the model choose whether to call tools (tool_choice "auto", the default '
+        "when a request has tools); needs --tool-call-parser",
+    )
+    serve.add_argument(
         "--allow-weight-cast",
         action="store_true",
         help="let weight updates come in another dtype than the served checkpoint's (or the "

@@ -11,6 +11,7 @@ frontend compiles it once to refuse what llguidance cannot or should not build
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 # json: a JSON schema (its text); json_object: any JSON object (no source); regex; choice: a
 # JSON list of strings; grammar: GBNF or Lark; structural_tag: vLLM's and SGLang's JSON object
@@ -72,3 +73,18 @@ class Constraint:
             )
         if pattern is not None and self.compact:
             raise ValueError("give a whitespace_pattern or disable_any_whitespace, not both")
+
+
+def close_objects(schema: Any) -> None:
+    """additionalProperties: false in every object schema that names properties and does not
+    say (vLLM's rule for disable_additional_properties); depth already checked."""
+    if isinstance(schema, list):
+        for item in schema:
+            close_objects(item)
+    elif isinstance(schema, dict):
+        for value in schema.values():
+            close_objects(value)
+        if "additionalProperties" not in schema and (
+            "properties" in schema or "patternProperties" in schema
+        ):
+            schema["additionalProperties"] = False

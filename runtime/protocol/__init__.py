@@ -7,7 +7,7 @@ so its tests drive it with small fakes, and another engine could stand in.
 (`runtime.frontend.engine.Engine`) implements them.
 """
 
-from runtime.config.constraint import Constraint
+from runtime.config.constraint import Constraint, close_objects
 from runtime.config.sampling import SamplingParams
 from runtime.protocol.control import ControlClient, WeightsClient
 from runtime.protocol.engine import EngineClient
@@ -48,4 +48,5 @@ __all__ = [
     "TopLogprobs",
     "WeightsClient",
     "WorkerStats",
+    "close_objects",
 ]
