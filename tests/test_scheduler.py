@@ -4,6 +4,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from runtime.config.pooling import PoolingParams
 from runtime.config.sampling import SamplingParams
 from runtime.scheduler.block_manager import BlockManager
 from runtime.scheduler.sequence import Sequence
@@ -146,6 +147,7 @@ operations = st.lists(
         st.tuples(st.just("fork"), st.integers(1, 3)),  # samples of the last request added
         st.tuples(st.just("pause"), st.sampled_from(["keep", "wait", "retract"])),
         st.tuples(st.just("resume")),
+        st.tuples(st.just("embed"), prompts, st.sampled_from(["last", "mean"])),
     ),
     max_size=80,
 )
@@ -212,6 +214,10 @@ def test_no_interleaving_leaks_or_double_frees_a_block(
             h.sched.pause(op[1])
         elif op[0] == "resume":
             h.sched.resume()
+        elif op[0] == "embed" and len(op[1]) <= h.sched.max_model_len:
+            last = None  # nothing forks off an embedding
+            h.add(f"r{added}", op[1], 1, pooling=PoolingParams(op[2]))
+            added += 1
         else:
             h.abort(f"r{op[1]}")
         h.check_invariants()
@@ -372,3 +378,35 @@ def test_a_retract_pause_frees_the_running_kv_and_resume_finishes_them(depth: in
     h.run_until_idle()
     assert all(h.finished[rid] == "length" and len(h.outputs[rid]) == 6 for rid in h.outputs)
     assert h.bm.num_free_blocks == h.bm.num_blocks
+
+
+# -- embeddings: prefills whose last chunk brings a vector instead of a token ------------------
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_an_embedding_is_a_prefill_that_frees_its_blocks_at_once(depth: int) -> None:
+    h = CoreHarness(max_num_batched_tokens=8, max_model_len=30, depth=depth)
+    prompt = list(range(3, 33))  # fills the context: no room for a token, none is needed
+    h.add("e", prompt, 1, pooling=PoolingParams("mean"))
+    h.add("g", [5, 6], 3)
+    steps = 0
+    while not h.pipeline.idle:
+        h.step()
+        steps += 1
+    (out,) = h.outputs["e"]
+    assert (out.token_id, out.finish_reason, out.embedding) == (-1, "stop", bytes(prompt[:4]))
+    assert len(h.outputs["g"]) == 3 and steps >= 30 // 8  # chunked, beside the generation
+    assert h.bm.num_free_blocks == h.bm.num_blocks
+    assert (h.sched.num_embeddings, h.sched.num_embedding_tokens) == (1, 30)
+
+
+def test_only_last_pooling_reads_the_prefix_cache() -> None:
+    h = CoreHarness(max_model_len=64)
+    prompt = [7] * 13
+    h.add("warm", prompt, 2)
+    h.run_until_idle()
+    for rid, kind in (("last", "last"), ("mean", "mean"), ("cls", "cls")):
+        h.add(rid, prompt, 1, pooling=PoolingParams(kind))
+        h.run_until_idle()
+    cached = {rid: h.outputs[rid][0].num_cached_tokens for rid in ("last", "mean", "cls")}
+    assert cached == {"last": 12, "mean": 0, "cls": 0}  # blocks of 4, the last token computed
