@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import struct
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,11 +16,14 @@ from runtime.frontend.loads import internal_state, load_entry
 from runtime.protocol import (
     Constraint,
     ControlClient,
+    Embedding,
     EngineClient,
     EngineStats,
+    FieldError,
     FrontendStats,
     ModelCard,
     NamedTensors,
+    PoolingParams,
     RankStats,
     RequestOutput,
     RequestTimeoutError,
@@ -45,6 +49,7 @@ class FakeEngine(EngineClient):
     open: set[str] = field(default_factory=set)
     step: trio.Event | None = None  # if set, each output waits for it (tests pace streams)
     sessions: set[str] = field(default_factory=set)
+    embedded: list[tuple[list[object], PoolingParams]] = field(default_factory=list)
     data_parallel_size: int = 1  # each group reports the same figures
     last_tools: list[dict[str, Any]] | None = None  # what the last chat was rendered with
     compiled: list[Constraint] = field(default_factory=list)
@@ -134,6 +139,32 @@ class FakeEngine(EngineClient):
         """The same output for each of the `n` samples, with top log-probabilities if asked."""
         top = [((t, -0.5),) for t in out.token_ids] if params.logprobs is not None else None
         return [dataclasses.replace(out, index=i, top_logprobs=top) for i in range(params.n)]
+
+    async def embed(
+        self,
+        inputs: Sequence[str | Sequence[int]],
+        params: PoolingParams | None = None,
+        *,
+        add_special_tokens: bool = True,
+        rid: str | None = None,
+    ) -> list[Embedding]:
+        """Vectors of 4 values made from the tokens (`dimensions` cuts them, up to 4)."""
+        params = params or PoolingParams()
+        if params.dimensions is not None and params.dimensions > 4:
+            raise FieldError("dimensions", "this model does not support matryoshka representation")
+        out = []
+        for i, item in enumerate(inputs):
+            ids = self._encode(item) if isinstance(item, str) else list(item)
+            if any(t >= 100 for t in ids):
+                raise FieldError(f"inputs[{i}]", "token ids must be ints in [0, 100)")
+            if len(ids) > self.max_model_len and params.truncate_prompt_tokens is None:
+                raise FieldError(f"inputs[{i}]", "This model's maximum context length is 64")
+            vector = [float(len(ids)), float(sum(ids) % 7), 1.0, 0.5][: params.dimensions or 4]
+            data = struct.pack(f"<{len(vector)}f", *vector)
+            out.append(Embedding(i, data, len(ids), 0))
+        self.embedded.append((list(inputs), params))
+        await trio.lowlevel.checkpoint()
+        return out
 
     def abort(self, rid: str) -> bool:
         self.aborted.append(rid)
