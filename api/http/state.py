@@ -62,6 +62,7 @@ class ServerSettings:
         max_body_bytes: the byte limit of a body with prompts, at least (api/http/budget.py).
         cumulative_streaming_output: streamed /generate events carry the whole answer so
             far, as SGLang's do by default, instead of only what is new.
+        max_embedding_inputs: inputs one embedding request may carry (OpenAI's cap: 2048).
     """
 
     served_model_name: str
@@ -76,6 +77,7 @@ class ServerSettings:
     output_root: Path = field(default_factory=Path.cwd)
     max_body_bytes: int = DEFAULT_MAX_BODY
     cumulative_streaming_output: bool = False
+    max_embedding_inputs: int = 2048
 
 
 @dataclass(slots=True)

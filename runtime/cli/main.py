@@ -188,6 +188,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enforce_eager=args.enforce_eager,
         gpu_memory_utilization=args.gpu_memory_utilization,
         structured_outputs_backend=args.structured_outputs_backend,
+        pooling=args.pooling,
     )
 
 
@@ -245,6 +246,7 @@ async def run_server(
                 output_root=args.output_root.resolve(),
                 max_body_bytes=int(args.max_body_mb * 2**20),
                 cumulative_streaming_output=args.cumulative_streaming_output,
+                max_embedding_inputs=int(args.max_embedding_inputs),
                 log_config=LogConfig(
                     log_requests=args.log_requests,
                     log_requests_level=args.log_requests_level,
