@@ -4,6 +4,7 @@ SGLang's native `/encode` (`EmbeddingReqInput`)."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -101,18 +102,16 @@ class EncodeRequest(PoolingFields):
         assert given is not None
         return _as_list(given)
 
-    def rids(self, count: int) -> list[str | None]:
-        """The caller's id of each input, echoed in its `meta_info`."""
-        if isinstance(self.rid, list):
-            if len(self.rid) != count:
-                raise APIError(
-                    400,
-                    f"rid: {len(self.rid)} ids for {count} inputs",
-                    param="rid",
-                    code="invalid_value",
-                )
-            return list(self.rid)
-        return [self.rid] * count
+    def rids(self, count: int) -> list[str]:
+        """The caller's id of each input (or new ones), echoed in its `meta_info`."""
+        given = [self.rid] if isinstance(self.rid, str) else self.rid
+        if given is None:
+            return [uuid.uuid4().hex for _ in range(count)]
+        if len(given) != count:
+            raise APIError(
+                400, f"rid: {len(given)} ids for {count} inputs", param="rid", code="invalid_value"
+            )
+        return list(given)
 
 
 def _as_list(given: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:

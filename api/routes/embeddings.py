@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 import trio
-from quart import Response, jsonify
+from quart import Response, g, jsonify, request
 from quart_trio import QuartTrio
 
 from api.http.errors import APIError
@@ -25,7 +25,9 @@ def register(app: QuartTrio, state: ServerState) -> None:
         req = await state.parse(EmbeddingRequest)
         state.check_model(req.model)
         params = req.pooling_params()
-        results = await embed(state, req.inputs(), params, "input", req.add_special_tokens)
+        inputs = req.inputs()
+        rids = [f"embd-{uuid.uuid4().hex}-{i}" for i in range(len(inputs))]
+        results = await embed(state, inputs, params, "input", rids, req.add_special_tokens)
         data = (embedding_item(r, req.encoding_format) for r in results)
         prompt_tokens = sum(r.num_prompt_tokens for r in results)
         tail = {
@@ -40,7 +42,7 @@ def register(app: QuartTrio, state: ServerState) -> None:
         req = await state.parse(EncodeRequest)
         inputs = req.inputs()
         rids = req.rids(len(inputs))
-        results = await embed(state, inputs, req.pooling_params(), req.field)
+        results = await embed(state, inputs, req.pooling_params(), req.field, rids)
         answers = [encode_answer(r, rid) for r, rid in zip(results, rids, strict=True)]
         if not req.is_batch:
             return jsonify(answers[0])
@@ -52,10 +54,12 @@ async def embed(
     inputs: list[str | list[int]],
     params: PoolingParams,
     field: str,
+    rids: list[str],
     add_special_tokens: bool = True,
 ) -> list[Embedding]:
     """The inputs' vectors; a 400 naming the field (`field`: the route's name for the
-    inputs) for bad input, as many inputs as --max-embedding-inputs at most."""
+    inputs) for bad input, as many inputs as --max-embedding-inputs at most. `rids` name the
+    inputs in the request log."""
     limit = state.settings.max_embedding_inputs
     if len(inputs) > limit:
         raise APIError(
@@ -66,10 +70,17 @@ async def embed(
             code="too_many_inputs",
         )
     state.admit(len(inputs))  # each input is a sequence, as a prompt of a completion is
+    log = state.request_log
+    entry = log.begin(request.path, g.get("body", {}), rids) if log.active else None
     limit_s = state.settings.request_timeout
     try:
         with trio.move_on_after(limit_s or math.inf) as deadline:  # cancelled: all aborted
-            return await state.engine.embed(inputs, params, add_special_tokens=add_special_tokens)
+            results = await state.engine.embed(
+                inputs, params, add_special_tokens=add_special_tokens
+            )
+            if entry is not None:
+                log.embedded(entry, results)
+            return results
     except FieldError as exc:
         named = exc.field.startswith("inputs")  # the engine's name for the inputs
         param = field + exc.field.removeprefix("inputs") if named else exc.field
@@ -91,10 +102,10 @@ def embedding_item(result: Embedding, encoding_format: str) -> dict[str, Any]:
     return {"object": "embedding", "index": result.index, "embedding": vector}
 
 
-def encode_answer(result: Embedding, rid: str | None) -> dict[str, Any]:
+def encode_answer(result: Embedding, rid: str) -> dict[str, Any]:
     """SGLang's answer: its embeddings end as a request of max_new_tokens 0 does."""
     meta = {
-        "id": rid or uuid.uuid4().hex,
+        "id": rid,
         "finish_reason": {"type": "length", "length": 0},
         "prompt_tokens": result.num_prompt_tokens,
         "cached_tokens": result.num_cached_tokens,
