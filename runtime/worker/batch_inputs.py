@@ -21,7 +21,7 @@ from runtime.layers.attention import (
 )
 from runtime.wire.messages import StepPlan
 from runtime.worker.logprobs import PromptLogprobs
-from runtime.worker.pooling import PoolSlice, rows_to_pool
+from runtime.worker.pooling import PoolSlice, pool_slice
 from runtime.worker.sampler import SamplingBatch, make_sampling_batch
 from runtime.worker.seq_table import SeqTable, WorkerSeq
 from runtime.worker.transfer import device_tensor
@@ -105,12 +105,9 @@ class InputBuilder:
                 prefills.append(PrefillSlice(start, n, context, rows, mask))
                 prefill_seqs.append(seq)
             if seq.pooling is not None:  # an embedding: pooled, never sampled
-                pooled = rows_to_pool(seq, n)
-                finishes = SeqTable.samples(seq, n)
-                if pooled or finishes:
-                    slice_ = PoolSlice(plan.seq_ids[i], seq, len(pool_rows), len(pooled), finishes)
-                    pool_slices.append(slice_)
-                    pool_rows.extend(start + r for r in pooled)
+                piece = pool_slice(plan.seq_ids[i], seq, n, start, pool_rows)
+                if piece is not None:
+                    pool_slices.append(piece)
             elif SeqTable.samples(seq, n):
                 logit_rows.append(start + n - 1)
                 sampled.append(i)

@@ -33,6 +33,21 @@ class PoolSlice:
     finishes: bool  # the step computes its last prompt token: the vector is done
 
 
+def pool_slice(
+    seq_id: int, seq: WorkerSeq, num_tokens: int, start: int, pool_rows: list[int]
+) -> PoolSlice | None:
+    """An embedding sequence's part of a step that computes its next `num_tokens` tokens in
+    the rows from `start` on: the rows it needs are appended to `pool_rows` (None: it
+    needs none this step, and does not finish)."""
+    rows = rows_to_pool(seq, num_tokens)
+    finishes = seq.num_computed_tokens + num_tokens == seq.num_prompt_tokens
+    if not rows and not finishes:
+        return None
+    piece = PoolSlice(seq_id, seq, len(pool_rows), len(rows), finishes)
+    pool_rows.extend(start + r for r in rows)
+    return piece
+
+
 def rows_to_pool(seq: WorkerSeq, num_tokens: int) -> range:
     """Which of the `num_tokens` positions the step computes for `seq` (0 is its first) its
     vector needs."""
