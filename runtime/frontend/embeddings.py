@@ -15,6 +15,7 @@ from transformers import PretrainedConfig
 
 from runtime.config.errors import FieldError
 from runtime.config.pooling import PoolingParams
+from runtime.config.sampling import SamplingParams
 from runtime.frontend.inputs import InputProcessor
 from runtime.frontend.request_stream import RequestStream, Signal
 from runtime.protocol import Embedding, RequestAbortedError
@@ -142,10 +143,14 @@ class EmbeddingCall:
     """The requests of one `embed` call (one per input), served by the calling task: their
     streams share a `Signal`, so it wakes when any input has its vector."""
 
-    def __init__(self, adds: list[AddRequest]) -> None:
-        self.adds = adds
+    def __init__(self, order: int, prompts: list[tuple[int, ...]], params: PoolingParams) -> None:
+        nothing = SamplingParams()  # nothing is sampled: the defaults, which ask nothing
+        self.adds = [
+            AddRequest(f"{order}.{i}", ids, 1, nothing, pooling=params)
+            for i, ids in enumerate(prompts)
+        ]
         self.signal = Signal()
-        self.streams = [RequestStream(self.signal) for _ in adds]
+        self.streams = [RequestStream(self.signal) for _ in self.adds]
 
     async def results(self) -> list[Embedding]:
         """Every input's vector, in input order, once all have come. Raises an input's

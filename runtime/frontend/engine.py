@@ -220,18 +220,13 @@ class Engine(EngineClient):
         await trio.lowlevel.checkpoint_if_cancelled()  # already cancelled: queue nothing
         self.requests.check_label_free(label)
         order = next(self._call_order)
-        embedding = SamplingParams()  # nothing is sampled: the defaults, which ask nothing
-        adds = [
-            AddRequest(f"{order}.{i}", ids, 1, embedding, pooling=params)
-            for i, ids in enumerate(prompts)
-        ]
-        call = EmbeddingCall(adds)
-        self.requests.open(label, order, adds, call.streams)
+        call = EmbeddingCall(order, prompts, params)
+        self.requests.open(label, order, call.adds, call.streams)
         self._prompt_tokens += sum(len(ids) for ids in prompts)
         try:
             return await call.results()
         finally:
-            self.requests.close(label, adds)
+            self.requests.close(label, call.adds)
 
     def abort(self, rid: str) -> bool:
         return self.requests.abort(rid)
