@@ -16,11 +16,16 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from api.http.budget import BodyBudget, bearer_is
 from api.http.errors import APIError, engine_stopped, timed_out
 from api.http.fields import header_value
-from api.http.state import ServerSettings, ServerState
-from api.routes import control, native, openai, operator, playground, trl, weights
+from api.http.state import RETRY, ServerSettings, ServerState
+from api.routes import control, embeddings, native, openai, operator, playground, trl, weights
 from api.routes.openai_schemas import DetokenizeRequest, TokenizeRequest
 from api.routes.openapi import openapi
-from runtime.protocol import EngineClient, EngineDeadError, RequestTimeoutError
+from runtime.protocol import (
+    EngineClient,
+    EngineDeadError,
+    RequestAbortedError,
+    RequestTimeoutError,
+)
 
 # Paths anyone may read without the API key: probes and scrapers rarely carry one; the
 # playground page holds no data (its API calls send the key the user types).
@@ -47,6 +52,7 @@ def create_app(engine: EngineClient, settings: ServerSettings) -> QuartTrio:
     app.extensions["runtime"] = state
     _register_basics(app, state)
     openai.register(app, state)
+    embeddings.register(app, state)
     native.register(app, state)
     control.register(app, state)
     operator.register(app, state)
@@ -195,6 +201,10 @@ def _register_errors(app: QuartTrio) -> None:
     @app.errorhandler(RequestTimeoutError)
     async def request_timeout(error: RequestTimeoutError) -> Response:
         return _error_response(timed_out(error))
+
+    @app.errorhandler(RequestAbortedError)
+    async def request_aborted(error: RequestAbortedError) -> Response:  # e.g. a pause, a drain
+        return _error_response(APIError(503, str(error), code="aborted", headers=RETRY))
 
     @app.errorhandler(Exception)
     async def internal_error(error: Exception) -> Response:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections import Counter, deque
 
+from runtime.config.pooling import PoolingParams
 from runtime.config.sampling import SamplingParams
 from runtime.scheduler.actor import plan_message
 from runtime.scheduler.block_manager import BlockManager
@@ -62,10 +63,18 @@ class CoreHarness:
         ignore_eos: bool = True,
         session: str = "",
         fork_of: str = "",
+        pooling: PoolingParams | None = None,
     ) -> None:
+        """A request; with `pooling` an embedding (`max_tokens` 1, as the frontend sends)."""
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
         seq = Sequence(
-            self.next_seq_id, rid, prompt, params, max_tokens=max_tokens, session=session
+            self.next_seq_id,
+            rid,
+            prompt,
+            params,
+            max_tokens=max_tokens,
+            session=session,
+            pooling=pooling,
         )
         self.sched.add(seq, fork_of)
         self.next_seq_id += 1
@@ -96,7 +105,7 @@ class CoreHarness:
         """The worker runs the oldest step in flight; then its result reaches the scheduler."""
         scheduled, plan = self.pipeline.in_flight[0], self.plans.popleft()
         worker_seqs = self.worker.apply(plan)
-        sampled = {}
+        sampled, pooled = {}, {}
         for i, (seq_id, ws, n) in enumerate(
             zip(plan.seq_ids, worker_seqs, plan.num_tokens, strict=True)
         ):
@@ -104,13 +113,15 @@ class CoreHarness:
             assert len(ws.block_table) * self.bm.block_size >= ws.num_computed_tokens + n
             assert SeqTable.samples(ws, n) == scheduled.samples[i]
             token = None
-            if scheduled.samples[i]:
+            if scheduled.samples[i] and ws.pooling is not None:  # an embedding's vector
+                pooled[seq_id] = bytes(ws.token_ids[:4])
+            elif scheduled.samples[i]:
                 token = self.rng.randrange(0, 8)  # small vocab: EOS (0) comes up often
                 sampled[seq_id] = (token, -1.0, None, None)
             SeqTable.commit(ws, n, token)
         for rid in abort_in_flight:  # arrive while the worker computes
             self.abort(rid)
-        for out in self.pipeline.retire(plan.step, sampled):
+        for out in self.pipeline.retire(plan.step, sampled, pooled):
             self.outputs[out.rid].append(out)
             if out.finish_reason is not None:
                 assert out.rid not in self.finished, f"{out.rid} finished twice"

@@ -12,6 +12,7 @@ Nothing here imports torch: the import-rule tests run the scheduler actor with i
 from __future__ import annotations
 
 import math
+import struct
 
 import trio
 
@@ -66,6 +67,11 @@ def next_token(token_ids: list[int], weights: int = 0) -> int:
     return hash((*token_ids, -weights) if weights else tuple(token_ids)) % VOCAB  # stable
 
 
+def fake_vector(token_ids: list[int]) -> bytes:
+    """The fake model's embedding of a prompt: its length and its last token (float32)."""
+    return struct.pack("<2f", len(token_ids), token_ids[-1])
+
+
 def expected_output(
     prompt: list[int], max_tokens: int, eos: int | frozenset[int] | None = None, weights: int = 0
 ) -> list[int]:
@@ -95,11 +101,14 @@ async def fake_worker(
             case StepPlan() if stats.num_steps >= hang_after:
                 await trio.sleep_forever()
             case StepPlan():
-                seq_ids, token_ids = [], []
+                seq_ids, token_ids, pooled_ids, pooled = [], [], [], []
                 seqs = table.apply(msg)
                 for seq_id, seq, n in zip(msg.seq_ids, seqs, msg.num_tokens, strict=True):
                     token = None
-                    if SeqTable.samples(seq, n):
+                    if seq.pooling is not None and SeqTable.samples(seq, n):
+                        pooled_ids.append(seq_id)
+                        pooled.append(fake_vector(seq.token_ids))
+                    elif SeqTable.samples(seq, n):
                         token = next_token(seq.token_ids, weights)
                         seq_ids.append(seq_id)
                         token_ids.append(token)
@@ -107,7 +116,17 @@ async def fake_worker(
                 stats = WorkerStats(num_steps=stats.num_steps + 1)
                 logprobs = (-1.0,) * len(seq_ids)
                 await scheduler.send(
-                    StepResult(msg.step, tuple(seq_ids), tuple(token_ids), logprobs, stats)
+                    StepResult(
+                        msg.step,
+                        tuple(seq_ids),
+                        tuple(token_ids),
+                        logprobs,
+                        stats,
+                        (),
+                        (),
+                        tuple(pooled_ids),
+                        tuple(pooled),
+                    )
                 )
             case Ping(nonce=nonce):
                 await scheduler.send(Pong(nonce, None, stats))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from runtime.config.sampling import SamplingParams
 from tests.engine_helpers import random_prompts
@@ -40,3 +41,14 @@ def greedy_references(
             outputs.append(out[0, len(prompt) :].tolist())
         refs[arch] = outputs
     return refs
+
+
+def last_hidden_states(model_dir: Path, prompts: list[list[int]]) -> list[Any]:
+    """transformers' `AutoModel` last_hidden_state (after the final norm) of each prompt, in
+    float32: what embeddings are pooled from."""
+    import torch
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        return [model(torch.tensor([p])).last_hidden_state[0] for p in prompts]

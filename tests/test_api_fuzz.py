@@ -17,6 +17,8 @@ ROUTES = [
     ("POST", "/v1/completions"),
     ("POST", "/v1/chat/completions"),
     ("POST", "/generate"),
+    ("POST", "/v1/embeddings"),
+    ("POST", "/encode"),
     ("POST", "/tokenize"),
     ("POST", "/detokenize"),
     ("GET", "/v1/models"),
@@ -70,6 +72,8 @@ FIELDS = [
     "prompt", "messages", "text", "input_ids", "tokens", "max_tokens", "max_completion_tokens",
     "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "seed", "ignore_eos",
     "stream", "stream_options", "n", "logprobs", "sampling_params", "rid", "add_special_tokens",
+    "input", "encoding_format", "dimensions", "normalize", "truncate_prompt_tokens",
+    "pooling_type",
 ]  # fmt: skip
 # near-valid bodies reach past the first check: a known model, known fields, any values
 near_valid = st.fixed_dictionaries(

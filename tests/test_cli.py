@@ -103,6 +103,14 @@ def test_the_kv_pool_and_gpu_flags_reach_the_config() -> None:
     assert EngineConfig.from_dict(config.to_dict()) == config
 
 
+def test_the_pooling_flag_reaches_the_config() -> None:
+    assert engine_config(build_parser().parse_args(["serve"])).pooling == "last"
+    config = engine_config(build_parser().parse_args(["serve", "--pooling", "mean"]))
+    assert config.pooling == "mean"
+    with pytest.raises(ValueError, match="pooling must be one of last, mean, cls"):
+        EngineConfig(model="m", pooling="max")
+
+
 @pytest.mark.parametrize("share", [0.0, -0.1, 1.5])
 def test_a_gpu_share_outside_0_1_is_refused(share: float) -> None:
     with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):

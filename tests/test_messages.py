@@ -4,6 +4,7 @@ import msgpack
 import pytest
 
 from runtime.config.constraint import Constraint
+from runtime.config.pooling import PoolingParams
 from runtime.config.sampling import SamplingParams
 from runtime.tracing import ProfileRequest
 from runtime.wire.codec import _TAG_OF, WireError, decode, encode
@@ -131,6 +132,21 @@ EXAMPLES = [
     ShardStep(StepPlan(9, (), (1,), (1,), (), (), (), False), (1, 2), (7, 8), (0, 3)),
     StopShards(),
     ControlDone(6, "the engine is already paused"),
+    # embeddings: the request's pooling, the worker's vectors, the frontend's
+    PoolingParams("mean", False, 64, -1),
+    AddRequest("e.0", (1, 2), 1, SamplingParams(), pooling=PoolingParams("last")),
+    NewSeq(2, (1, 2), 2, 0, SamplingParams(), PoolingParams("cls", True, None, 8)),
+    StepResult(4, (), (), (), WORKER_STATS, (), (), (2,), (b"\x00\x00\x80?",)),
+    StepOutputs(
+        ("a", "e"),
+        (7, -1),
+        (-0.5, 0.0),
+        (None, "stop"),
+        (0, 16),
+        STATS,
+        WORKER_STATS,
+        embeddings=(None, b"\x00\x00\x80?"),
+    ),
 ]
 
 
@@ -155,11 +171,11 @@ def test_round_trip(msg: object) -> None:
         (msgpack.packb([4, "1"]), "Ping.nonce: expected int, got str"),
         (msgpack.packb([4, True]), "Ping.nonce: expected int, got bool"),
         (
-            msgpack.packb([2, "r", [1, "x"], 1, [1], "", ""]),
+            msgpack.packb([2, "r", [1, "x"], 1, [1], "", "", None]),
             "prompt_token_ids\\[1\\]: expected int",
         ),
         (
-            msgpack.packb([2, "r", [1], 1, [4, 1], "", ""]),
+            msgpack.packb([2, "r", [1], 1, [4, 1], "", "", None]),
             "AddRequest.params: expected SamplingParams",
         ),
         (msgpack.packb([1, 0, 1.0, 0, 1.0, 0.0, None, False, [], [], *NEW]), "max_tokens must be"),
@@ -174,6 +190,7 @@ def test_round_trip(msg: object) -> None:
         (msgpack.packb([52, 1, [4, 1]]), "Control.op: expected a ControlOp, got list"),
         (msgpack.packb([52, 1, [999]]), "Control.op: expected a ControlOp"),
         (msgpack.packb([52, 1, [30, 7]]), "Pause.mode: expected str, got int"),
+        (msgpack.packb([54, "max", True, None, None]), "pooling_type: must be one of"),
     ],
 )
 def test_malformed_input_is_rejected_with_a_clear_error(wire: bytes, error: str) -> None:

@@ -126,3 +126,23 @@ async def test_each_sample_is_an_output(
         (1, 2),
     ]  # in the API's choice order
     assert all(o["text"] == "alpha beta gamma " for o in record["outputs"])
+
+
+async def test_an_embedding_request_is_logged_without_its_vectors(
+    caplog: pytest.LogCaptureFixture, engine: FakeEngine
+) -> None:
+    caplog.set_level(logging.INFO, logger="runtime.requests")
+    app = create_app(engine, settings(log_requests=True, log_requests_level=1))
+    async with app.test_app() as test_app:
+        body = {"model": MODEL, "input": ["ab", "cde"], "dimensions": 2}
+        response = await test_app.test_client().post("/v1/embeddings", json=body, headers=AUTH)
+        assert response.status_code == 200
+    (record,) = logged(caplog)
+    assert record["path"] == "/v1/embeddings" and record["params"] == {
+        "model": MODEL,
+        "dimensions": 2,
+    }
+    assert [(o["prompt_tokens"], o["finish_reason"]) for o in record["outputs"]] == [
+        (2, "stop"),
+        (3, "stop"),
+    ]

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from runtime.config.pooling import PoolingParams
 from runtime.config.sampling import SamplingParams
 from runtime.scheduler.block_manager import BlockManager
 from runtime.scheduler.sequence import Sequence
@@ -146,6 +147,7 @@ operations = st.lists(
         st.tuples(st.just("fork"), st.integers(1, 3)),  # samples of the last request added
         st.tuples(st.just("pause"), st.sampled_from(["keep", "wait", "retract"])),
         st.tuples(st.just("resume")),
+        st.tuples(st.just("embed"), prompts, st.sampled_from(["last", "mean"])),
     ),
     max_size=80,
 )
@@ -212,6 +214,10 @@ def test_no_interleaving_leaks_or_double_frees_a_block(
             h.sched.pause(op[1])
         elif op[0] == "resume":
             h.sched.resume()
+        elif op[0] == "embed" and len(op[1]) <= h.sched.max_model_len:
+            last = None  # nothing forks off an embedding
+            h.add(f"r{added}", op[1], 1, pooling=PoolingParams(op[2]))
+            added += 1
         else:
             h.abort(f"r{op[1]}")
         h.check_invariants()

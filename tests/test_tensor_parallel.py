@@ -23,14 +23,14 @@ from runtime.frontend.launch import open_engine
 from runtime.layers import parallel
 from runtime.layers.parallel import TPGroup
 from runtime.processes.supervisor import ActorDiedError
-from runtime.protocol import EngineDeadError
+from runtime.protocol import EngineDeadError, PoolingParams
 from runtime.wire.messages import ShardStep
 from runtime.worker import shard_follower, tp_group
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.served_weights import ServedWeights
 from tests.conftest import ARCHS
 from tests.engine_helpers import collect, collect_all
-from tests.parity_helpers import GREEDY, SHARED, prompt_set
+from tests.parity_helpers import GREEDY, SHARED, last_hidden_states, prompt_set
 
 
 def tp_config(model: Path, mode: str = "inproc", **changes: object) -> EngineConfig:
@@ -294,11 +294,16 @@ async def test_data_parallel_groups_of_tensor_parallel_ranks(
     config = tp_config(llama_dir, data_parallel_size=2, num_kv_blocks=0)
     async with open_engine(config) as engine:
         results = await collect_all(engine, prompt_set()[:6], GREEDY)
+        embedded = await engine.embed(prompt_set()[:4], PoolingParams(pooling_type="mean"))
         stats = await engine.fetch_statistics()
         values = await engine.weights.get_weights_by_name(
             "model.layers.0.self_attn.q_proj.weight", 99
         )
     assert [r["tokens"] for r in results] == references["llama"][1:7]
     assert all(rank.scheduler.num_generated_tokens > 0 for rank in stats.ranks)
+    hidden = last_hidden_states(llama_dir, prompt_set()[:4])  # pooled on rank 0 of each group
+    for got, h in zip(embedded, hidden, strict=True):
+        vector = torch.tensor(got.embedding)
+        assert torch.nn.functional.cosine_similarity(vector, h.mean(dim=0), dim=0) >= 0.9999
     name = "model.layers.0.self_attn.q_proj.weight"
     assert values == checkpoint_values(llama_dir, name, 99)

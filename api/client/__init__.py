@@ -24,6 +24,8 @@ from api.client.types import (
     ChatMessage,
     Completion,
     CompletionChoice,
+    EmbeddingData,
+    Embeddings,
     Model,
     ToolCall,
     Usage,
@@ -37,6 +39,8 @@ __all__ = [
     "Client",
     "Completion",
     "CompletionChoice",
+    "EmbeddingData",
+    "Embeddings",
     "Model",
     "ToolCall",
     "Usage",
@@ -109,6 +113,22 @@ class Client:
         body = {"model": await self._model(model), "messages": messages, "stream": True, **params}
         async for data in self._stream("/v1/chat/completions", body):
             yield ChatCompletion.parse(data)
+
+    async def embed(
+        self,
+        input: str | list[str] | list[int] | list[list[int]],
+        *,
+        model: str | None = None,
+        encoding_format: str = "base64",
+        **params: Any,
+    ) -> Embeddings:
+        """One vector per input (a text or token ids), in input order. `params`: OpenAI's
+        `dimensions`, vLLM's `normalize` and `truncate_prompt_tokens`, `pooling_type`
+        ("last", "mean", "cls"). The vectors travel as base64 float32 unless asked
+        otherwise (as the official client does), and come back as floats either way."""
+        body = {"model": await self._model(model), "input": input, **params}
+        body["encoding_format"] = encoding_format
+        return Embeddings.parse(await self._request("POST", "/v1/embeddings", body))
 
     async def generate(
         self,

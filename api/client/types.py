@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,3 +169,32 @@ class ChatCompletion:
 class Model:
     id: str
     max_model_len: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingData:
+    index: int
+    embedding: list[float]
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> EmbeddingData:
+        """Values as JSON numbers, or little-endian float32 in base64 (OpenAI's two forms)."""
+        values = data["embedding"]
+        if isinstance(values, str):
+            raw = base64.b64decode(values)
+            values = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+        return cls(data["index"], values)
+
+
+@dataclass(frozen=True, slots=True)
+class Embeddings:
+    """A `/v1/embeddings` answer: one entry per input, in input order."""
+
+    data: list[EmbeddingData]
+    model: str
+    prompt_tokens: int
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> Embeddings:
+        entries = [EmbeddingData.parse(d) for d in data["data"]]
+        return cls(entries, data["model"], data["usage"]["prompt_tokens"])

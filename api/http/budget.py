@@ -35,8 +35,9 @@ SMALL = 64 * 2**10  # sampling fields with every list at its cap fit in it
 BYTES_PER_TOKEN = 16  # a token id is at most 8 ("151642, "); text escaped as \uXXXX, 16
 DEFAULT_MAX_BODY = 2**20
 PROMPT_ROUTES = frozenset(
-    {"/v1/completions", "/v1/chat/completions", "/generate", "/generate/", "/chat/", "/tokenize"}
-)
+    {"/v1/completions", "/v1/chat/completions", "/generate", "/generate/", "/chat/", "/tokenize",
+     "/v1/embeddings", "/encode"}
+)  # fmt: skip
 SPEC_LISTS = 2**20  # /update_weights_from_distributed names every tensor of the model
 UNREAD_LIMIT = 128 * 2**20  # an upload received but not yet written to its file
 

@@ -141,6 +141,10 @@ _ENGINE_FIGURES: tuple[Figure, ...] = (
      lambda r: r.scheduler.num_preemptions),
     (CounterMetricFamily, "prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.",
      lambda r: r.scheduler.num_cached_tokens),
+    (CounterMetricFamily, "embedding_requests", "Embedding inputs pooled into a vector.",
+     lambda r: r.scheduler.num_embeddings),
+    (CounterMetricFamily, "embedding_prompt_tokens", "Prompt tokens of those embedding inputs.",
+     lambda r: r.scheduler.num_embedding_tokens),
 )  # fmt: skip
 _VLLM_FIGURES: tuple[Figure, ...] = (
     (GaugeMetricFamily, "num_requests_running", "Requests running.",

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,9 +28,9 @@ from typing import Any, BinaryIO
 import trio
 
 from api.http.files import NEW_PRIVATE
-from runtime.protocol import RequestOutput
+from runtime.protocol import Embedding, RequestOutput
 
-PROMPT_FIELDS = ("prompt", "messages", "text", "input_ids")
+PROMPT_FIELDS = ("prompt", "messages", "text", "input_ids", "input")
 CUT = 2048  # characters of prompt and output kept at level 2
 
 logger = logging.getLogger("runtime.requests")
@@ -140,6 +140,15 @@ class RequestLog:
             entry.open -= 1
             if entry.open == 0:
                 self._finish(entry.record())
+
+    def embedded(self, entry: Entry, results: Sequence[Embedding]) -> None:
+        """An embedding request's record, once every input has its vector (the vectors are
+        not recorded: numbers, not text)."""
+        for output, result in zip(entry.outputs, results, strict=True):
+            output["prompt_tokens"] = result.num_prompt_tokens
+            output["cached_tokens"] = result.num_cached_tokens
+            output["finish_reason"] = "stop"
+        self._finish(entry.record())
 
     def _finish(self, record: dict[str, Any]) -> None:
         if self.config.log_requests:

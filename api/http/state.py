@@ -65,6 +65,7 @@ class ServerSettings:
         tool_call_parser: how the model writes tool calls (api/tools/parsers.py), if set.
         enable_auto_tool_choice: let the model choose whether to call tools (tool_choice
             "auto"); needs tool_call_parser.
+        max_embedding_inputs: inputs one embedding request may carry (OpenAI's cap: 2048).
     """
 
     served_model_name: str
@@ -81,6 +82,7 @@ class ServerSettings:
     cumulative_streaming_output: bool = False
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    max_embedding_inputs: int = 2048
 
 
 @dataclass(slots=True)

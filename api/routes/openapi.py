@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from api.routes import control as control_api
+from api.routes.embedding_schemas import EmbeddingRequest, EncodeRequest
 from api.routes.native_schemas import CloseSessionRequest, GenerateRequest, OpenSessionRequest
 from api.routes.openai_schemas import (
     ChatCompletionRequest,
@@ -20,6 +21,8 @@ BODIES: dict[str, tuple[type[BaseModel], str]] = {
     "/v1/completions": (CompletionRequest, "OpenAI completions (streamed with stream=true)"),
     "/v1/chat/completions": (ChatCompletionRequest, "OpenAI chat completions"),
     "/generate": (GenerateRequest, "SGLang's native generate"),
+    "/v1/embeddings": (EmbeddingRequest, "OpenAI embeddings (pooled prefills; vLLM's fields)"),
+    "/encode": (EncodeRequest, "SGLang's native embeddings"),
     "/tokenize": (TokenizeRequest, "Text or a chat to token ids"),
     "/detokenize": (DetokenizeRequest, "Token ids to text"),
     "/open_session": (OpenSessionRequest, "Open a session; answers its id (SGLang)"),

@@ -190,6 +190,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enforce_eager=args.enforce_eager,
         gpu_memory_utilization=args.gpu_memory_utilization,
         structured_outputs_backend=args.structured_outputs_backend,
+        pooling=args.pooling,
     )
 
 
@@ -249,6 +250,7 @@ async def run_server(
                 cumulative_streaming_output=args.cumulative_streaming_output,
                 tool_call_parser=args.tool_call_parser,
                 enable_auto_tool_choice=args.enable_auto_tool_choice,
+                max_embedding_inputs=int(args.max_embedding_inputs),
                 log_config=LogConfig(
                     log_requests=args.log_requests,
                     log_requests_level=args.log_requests_level,

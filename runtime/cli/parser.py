@@ -252,6 +252,19 @@ def build_parser() -> argparse.ArgumentParser:
         "50 ms a MiB",
     )
     serve.add_argument(
+        "--pooling",
+        default="last",
+        choices=["last", "mean", "cls"],
+        help="how /v1/embeddings pools an input's hidden states unless a request says "
+        "(pooling_type): the last token's, the mean over its tokens, or the first token's",
+    )
+    serve.add_argument(
+        "--max-embedding-inputs",
+        type=positive(int),
+        default=2048,
+        help="inputs one embedding request may carry (each a sequence of its own)",
+    )
+    serve.add_argument(
         "--cumulative-streaming-output",
         action="store_true",
         help="each streamed /generate event carries the whole answer so far (text, ids, "

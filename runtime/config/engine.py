@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from runtime.config.constraint import backend_name
+from runtime.config.pooling import POOLING_TYPES
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
@@ -89,6 +90,8 @@ class EngineConfig:
             KV pool, activations), when kv_cache_memory is 0.
         structured_outputs_backend: what constrains decoding to a schema, regex or grammar:
             "llguidance" (vLLM's "guidance" and "auto" name it too); nothing else exists here.
+        pooling: how `embed` pools a prompt's hidden states when a call does not say:
+            "last" (the last token's: decoder models), "mean" or "cls" (the first token's).
     """
 
     model: str
@@ -117,6 +120,7 @@ class EngineConfig:
     enforce_eager: bool = False
     gpu_memory_utilization: float = 0.9
     structured_outputs_backend: str = "llguidance"
+    pooling: str = "last"
 
     def __post_init__(self) -> None:
         if self.mode not in ("process", "inproc"):
@@ -165,6 +169,8 @@ class EngineConfig:
             raise ValueError(f"unsupported dtype {self.dtype!r}")
         backend = backend_name(self.structured_outputs_backend)
         object.__setattr__(self, "structured_outputs_backend", backend)
+        if self.pooling not in POOLING_TYPES:
+            raise ValueError(f"pooling must be one of {', '.join(POOLING_TYPES)}: {self.pooling!r}")
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -29,11 +29,13 @@ from transformers import PreTrainedTokenizerBase
 from runtime.checkpoints.model_info import ModelInfo
 from runtime.config.constraint import Constraint
 from runtime.config.engine import EngineConfig
+from runtime.config.pooling import PoolingParams
 from runtime.config.sampling import SamplingParams
 from runtime.frontend.calls import Calls
 from runtime.frontend.constraints import ConstraintCompiler
 from runtime.frontend.control import EngineControl
 from runtime.frontend.data_parallel import DataParallelChannel
+from runtime.frontend.embeddings import EmbeddingCall, EmbeddingInputs
 from runtime.frontend.inputs import InputProcessor
 from runtime.frontend.loads import LoadReports
 from runtime.frontend.open_requests import OpenRequests
@@ -44,6 +46,7 @@ from runtime.frontend.sessions import Sessions, SessionTurn
 from runtime.frontend.weight_sources import ServedVersion
 from runtime.frontend.weights import WeightUpdates
 from runtime.protocol import (
+    Embedding,
     EngineClient,
     EngineDeadError,
     EngineStats,
@@ -91,6 +94,9 @@ class Engine(EngineClient):
         self.info = info
         self.inputs = InputProcessor(tokenizer, info.vocab_size, config, info.eos_token_ids)
         self.constraints = ConstraintCompiler(tokenizer, info.vocab_size, info.eos_token_ids)
+        self.embedding_inputs = EmbeddingInputs(
+            self.inputs, info.hf_config, config.pooling, config.max_model_len
+        )
         self.processes = processes or {}  # actor processes by role (process mode)
         self._groups = groups  # with data parallelism: the channel to every group
         self.ready: EngineReady | None = None  # what the actors run, once `run` has started
@@ -197,6 +203,30 @@ class Engine(EngineClient):
 
     async def compile_constraint(self, constraint: Constraint) -> None:
         await self.constraints.compile(constraint)
+
+    async def embed(
+        self,
+        inputs: Sequence[str | Sequence[int]],
+        params: PoolingParams | None = None,
+        *,
+        add_special_tokens: bool = True,
+        rid: str | None = None,
+    ) -> list[Embedding]:
+        """One vector per input, in input order (see `EngineClient.embed`)."""
+        params = self.embedding_inputs.resolve(params or PoolingParams())
+        prompts = await self.embedding_inputs.token_ids(inputs, params, add_special_tokens)
+        label = rid if rid is not None else uuid.uuid4().hex
+        self._calls.check_alive()
+        await trio.lowlevel.checkpoint_if_cancelled()  # already cancelled: queue nothing
+        self.requests.check_label_free(label)
+        order = next(self._call_order)
+        call = EmbeddingCall(order, prompts, params)
+        self.requests.open(label, order, call.adds, call.streams)
+        self._prompt_tokens += sum(len(ids) for ids in prompts)
+        try:
+            return await call.results()
+        finally:
+            self.requests.close(label, call.adds)
 
     def abort(self, rid: str) -> bool:
         return self.requests.abort(rid)

@@ -43,6 +43,7 @@ class TokenOutput:
     num_cached_tokens: int
     top: list[Logprobs | None] | None = None  # by token, if the request asked for them
     prompt: Logprobs | None = None  # with the first token, if the request asked for them
+    embedding: bytes | None = None  # an embedding request's vector, with its end
 
 
 class RequestStream:
@@ -53,6 +54,7 @@ class RequestStream:
     """
 
     __slots__ = (
+        "_embedding",
         "_error",
         "_finish_reason",
         "_logprobs",
@@ -73,6 +75,7 @@ class RequestStream:
         self._logprobs: list[float] = []
         self._top: list[Logprobs | None] | None = None
         self._prompt: Logprobs | None = None
+        self._embedding: bytes | None = None
         self._finish_reason: str | None = None
         self._error: BaseException | None = None
         self._taken_end = False  # the end was handed to the consumer
@@ -112,6 +115,16 @@ class RequestStream:
         self.num_cached_tokens = cached
         self.signal.set()
 
+    def push_embedding(self, vector: bytes, cached: int) -> None:
+        """An embedding request's vector: its one output, and its end."""
+        if self._finish_reason is not None:
+            return  # ended locally (abort) while this step ran
+        self._embedding = vector
+        self._finish_reason = "stop"
+        self.upstream_done = True
+        self.num_cached_tokens = cached
+        self.signal.set()
+
     @property
     def consumed(self) -> bool:
         """Its end was handed to the consumer: nothing more will come out of it."""
@@ -139,10 +152,12 @@ class RequestStream:
         logprobs, self._logprobs = self._logprobs, []
         top, self._top = self._top, None
         prompt, self._prompt = self._prompt, None
+        embedding, self._embedding = self._embedding, None
         self._taken_end = self.finished
         return TokenOutput(
-            token_ids, logprobs, self._finish_reason, self.num_cached_tokens, top, prompt
-        )
+            token_ids, logprobs, self._finish_reason, self.num_cached_tokens, top, prompt,
+            embedding,
+        )  # fmt: skip
 
     async def next_output(self) -> TokenOutput:
         """Wait for new tokens (or the end) and take everything pending."""
@@ -155,6 +170,9 @@ class RequestStream:
 def dispatch(streams: dict[str, RequestStream], msg: StepOutputs) -> None:
     """Hand each request its token from one step. Never waits: a slow consumer just gets
     tokens merged. A request no longer in `streams` was abandoned while the step ran."""
+    if msg.embeddings:  # some embedding requests ended: they take a vector, not a token
+        _dispatch_embeddings(streams, msg)
+        return
     if msg.top or msg.prompt:  # some request asked for log-probabilities
         none = (None,) * len(msg.rids)
         for rid, token_id, logprob, reason, cached, top, prompt in zip(
@@ -182,3 +200,25 @@ def dispatch(streams: dict[str, RequestStream], msg: StepOutputs) -> None:
         stream = streams.get(rid)
         if stream is not None:
             stream.push(token_id, logprob, reason, cached)
+
+
+def _dispatch_embeddings(streams: dict[str, RequestStream], msg: StepOutputs) -> None:
+    none = (None,) * len(msg.rids)
+    for rid, token_id, logprob, reason, cached, top, prompt, vector in zip(
+        msg.rids,
+        msg.token_ids,
+        msg.logprobs,
+        msg.finish_reasons,
+        msg.num_cached_tokens,
+        msg.top or none,
+        msg.prompt or none,
+        msg.embeddings,
+        strict=True,
+    ):
+        stream = streams.get(rid)
+        if stream is None:
+            continue
+        if vector is not None:
+            stream.push_embedding(vector, cached)
+        else:
+            stream.push(token_id, logprob, reason, cached, top, prompt)

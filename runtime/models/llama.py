@@ -176,12 +176,35 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         logit_rows: torch.Tensor,  # rows whose next-token logits are wanted
     ) -> torch.Tensor | None:  # [len(logit_rows), vocab] on tensor-parallel rank 0
+        x, residual = self.hidden_states(input_ids, positions, kv_caches, meta)
+        return self.logits(x, residual, logit_rows, meta)
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_caches: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # the final norm's inputs, [T, hidden] each
+        """The last layer's output and the residual stream before it (every rank has them
+        whole: the layers end in all-reduces)."""
         x = self.model.embed_tokens(input_ids)
         rope = self.rotary.lookup(positions, x.dtype)
         residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, rope, kv_cache, meta)
         assert residual is not None
-        # norm is per row: skip rows nobody samples
-        x, _ = self.model.norm.add_and_norm(x[logit_rows], residual[logit_rows], meta.kernels)
-        return self.lm_head.logits(x)
+        return x, residual
+
+    def final_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:  # [len(rows), hidden]
+        """The final norm of some rows only (it is per row): Hugging Face's last_hidden_state
+        there. Indexing copies them, so the fused kernel may write its residual in place."""
+        normed, _ = self.model.norm.add_and_norm(x[rows], residual[rows], meta.kernels)
+        return normed
+
+    def logits(
+        self, x: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor | None:  # [len(rows), vocab] on tensor-parallel rank 0
+        return self.lm_head.logits(self.final_norm(x, residual, rows, meta))

@@ -8,11 +8,14 @@ so its tests drive it with small fakes, and another engine could stand in.
 """
 
 from runtime.config.constraint import Constraint, close_objects
+from runtime.config.errors import FieldError
+from runtime.config.pooling import POOLING_TYPES, PoolingParams
 from runtime.config.sampling import SamplingParams
 from runtime.protocol.control import ControlClient, WeightsClient
 from runtime.protocol.engine import EngineClient
 from runtime.protocol.types import (
     MAX_TENSOR_DIM,
+    Embedding,
     EngineDeadError,
     EngineStats,
     FrontendStats,
@@ -20,6 +23,7 @@ from runtime.protocol.types import (
     NamedTensors,
     PromptLogprob,
     RankStats,
+    RequestAbortedError,
     RequestOutput,
     RequestTimeoutError,
     SchedulerStats,
@@ -30,16 +34,21 @@ from runtime.protocol.types import (
 
 __all__ = [
     "MAX_TENSOR_DIM",
+    "POOLING_TYPES",
     "Constraint",
     "ControlClient",
+    "Embedding",
     "EngineClient",
     "EngineDeadError",
     "EngineStats",
+    "FieldError",
     "FrontendStats",
     "ModelCard",
     "NamedTensors",
+    "PoolingParams",
     "PromptLogprob",
     "RankStats",
+    "RequestAbortedError",
     "RequestOutput",
     "RequestTimeoutError",
     "SamplingParams",

@@ -6,9 +6,11 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Protocol
 
 from runtime.config.constraint import Constraint
+from runtime.config.pooling import PoolingParams
 from runtime.config.sampling import SamplingParams
 from runtime.protocol.control import ControlClient, WeightsClient
 from runtime.protocol.types import (
+    Embedding,
     EngineStats,
     ModelCard,
     RequestOutput,
@@ -51,6 +53,25 @@ class EngineClient(Protocol):
         ValueError naming what is wrong (invalid, too large, too slow to compile). `generate`
         compiles its request's constraint too as its iteration starts; a server calls this
         first, to answer 400 before it streams. Verdicts are cached: the second is free."""
+        ...
+
+    async def embed(
+        self,
+        inputs: Sequence[str | Sequence[int]],
+        params: PoolingParams | None = None,
+        *,
+        add_special_tokens: bool = True,
+        rid: str | None = None,
+    ) -> list[Embedding]:
+        """One vector per input (a text, or token ids), in input order: each input is a
+        prefill-only request, batched with everything else the engine runs, its blocks
+        freed once its vector is pooled (the prefix cache may serve "last" pooling's).
+
+        Bad input raises FieldError naming the field (`inputs[i]`, `dimensions`,
+        `truncate_prompt_tokens`, `pooling_type`) before anything is queued. Cancelling the
+        calling task (a deadline, too: `trio.fail_after`) aborts every input; so does
+        `abort(rid)` (or `abort_all`), and then the call raises RequestAbortedError.
+        """
         ...
 
     def abort(self, rid: str) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -23,6 +25,37 @@ class EngineDeadError(RuntimeError):
 
 class RequestTimeoutError(RuntimeError):
     """The request ran past its `timeout`; the engine aborted it."""
+
+
+class RequestAbortedError(RuntimeError):
+    """The call was aborted (`abort`, a pause in mode abort, a drain's deadline) before it
+    had its whole result: an embedding has no partial one to return."""
+
+
+@dataclass(frozen=True, slots=True)
+class Embedding:
+    """One input's vector, from `EngineClient.embed`.
+
+    Attributes:
+        index: the input's position among the call's inputs.
+        data: the vector as little-endian float32 bytes (what OpenAI's base64 form encodes).
+        num_prompt_tokens: the input's tokens (after any truncation).
+        num_cached_tokens: of them, those whose KV the prefix cache supplied.
+    """
+
+    index: int
+    data: bytes
+    num_prompt_tokens: int
+    num_cached_tokens: int
+
+    @property
+    def embedding(self) -> list[float]:
+        """The vector's values (float32 values, as Python floats)."""
+        values = array("f")
+        values.frombytes(self.data)
+        if sys.byteorder == "big":
+            values.byteswap()
+        return values.tolist()
 
 
 @dataclass(frozen=True, slots=True)

@@ -222,6 +222,7 @@ class SchedulerActor:
                 add.params,
                 max_tokens=add.max_tokens,
                 session=add.session,
+                pooling=add.pooling,
             )
             self.pipeline.scheduler.add(seq, add.fork_of)
         except ValueError as exc:
@@ -249,8 +250,9 @@ class SchedulerActor:
                 strict=True,
             )
         )
-        outputs = self.pipeline.retire(result.step, sampled)
-        self._num_generated_tokens += len(outputs)
+        pooled = dict(zip(result.pooled_seq_ids, result.pooled, strict=True))
+        outputs = self.pipeline.retire(result.step, sampled, pooled)
+        self._num_generated_tokens += sum(1 for out in outputs if out.embedding is None)
         updated = time.perf_counter()
         self._wait_seconds += received - started
         self._update_seconds += updated - received
@@ -262,6 +264,7 @@ class SchedulerActor:
     def _outputs_message(self, outputs: list[SampledToken]) -> StepOutputs:
         top = tuple([o.top for o in outputs])
         prompt = tuple([o.prompt for o in outputs])
+        embeddings = tuple([o.embedding for o in outputs])
         return StepOutputs(
             # from lists, not generators: see runtime/wire/codec.py on tuple free lists
             rids=tuple([o.rid for o in outputs]),
@@ -273,6 +276,11 @@ class SchedulerActor:
             worker=self.worker_stats,
             top=top if any(x is not None for x in top) else (),  # type: ignore[arg-type]
             prompt=prompt if any(x is not None for x in prompt) else (),  # type: ignore[arg-type]
+            embeddings=(
+                embeddings  # type: ignore[arg-type]
+                if any(x is not None for x in embeddings)
+                else ()
+            ),
         )
 
     def statistics(self) -> SchedulerStats:
@@ -293,6 +301,8 @@ class SchedulerActor:
             num_held=len(core.held),
             num_waiting_uncached_tokens=core.queued_tokens,
             max_num_seqs=core.max_num_seqs,
+            num_embeddings=core.num_embeddings,
+            num_embedding_tokens=core.num_embedding_tokens,
         )
 
 
@@ -312,6 +322,7 @@ def plan_message(step: ScheduledStep) -> StepPlan:
                     num_prompt_tokens=seq.num_prompt_tokens,
                     num_computed_tokens=start_of[seq.seq_id],
                     params=seq.params,
+                    pooling=seq.pooling,
                 )
                 for seq in step.new_seqs
             ]

@@ -17,6 +17,8 @@ Pure Python, like the scheduler core.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from runtime.scheduler.scheduler import Sample, SampledToken, ScheduledStep, Scheduler
 
@@ -51,9 +53,15 @@ class StepPipeline:
         could be scheduled (only a result can change that)."""
         return bool(self.in_flight) and (len(self.in_flight) >= self.depth or scheduled is None)
 
-    def retire(self, step_id: int, sampled: dict[int, Sample]) -> list[SampledToken]:
-        """Apply the oldest step's result; `sampled`: by seq_id."""
+    def retire(
+        self,
+        step_id: int,
+        sampled: dict[int, Sample],
+        pooled: Mapping[int, object] = MappingProxyType({}),
+    ) -> list[SampledToken]:
+        """Apply the oldest step's result; `sampled` and `pooled` (embeddings' vectors): by
+        seq_id."""
         step = self.in_flight.popleft()
         if step.step_id != step_id:
             raise ValueError(f"got the result of step {step_id}, expected step {step.step_id}")
-        return self.scheduler.update(step, sampled)
+        return self.scheduler.update(step, sampled, pooled)

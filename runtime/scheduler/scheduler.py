@@ -13,6 +13,10 @@ be scheduled before the previous one's result is back (`StepPipeline` keeps one 
 of the worker, hiding scheduling and messaging behind the model's forward). A sequence that hits
 EOS costs at most one wasted token that way; length limits are known ahead and cost nothing.
 
+An embedding request (`Sequence.pooling`) is a prefill and nothing more: the step that
+computes its last prompt token counts as its sample, and its result brings the pooled vector
+instead of a token; the request then ends and frees its blocks at once.
+
 A pause holds new requests back (in arrival order) until `resume`: in mode "keep" nothing is
 computed meanwhile (running sequences keep their KV, so they continue exactly where they were);
 in mode "wait" the requests admitted before the pause run to their end; in mode "retract"
@@ -24,7 +28,9 @@ Pure Python: no trio, nng, torch or wire messages, so tests drive it step by ste
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TypeAlias
 
 from runtime.scheduler.block_manager import BlockManager
@@ -59,6 +65,7 @@ class SampledToken:
     num_cached_tokens: int
     top: object = None  # the worker's top log-probabilities for it, passed on as they are
     prompt: object = None  # the prompt's log-probabilities, with a request's first token
+    embedding: object = None  # an embedding request's vector (its token id is -1)
 
 
 # What the worker sampled for one sequence: (token id, logprob, top log-probabilities, prompt
@@ -97,6 +104,8 @@ class Scheduler(Forks):
         self.num_steps = 0
         self.num_preemptions = 0
         self.num_cached_tokens = 0  # tokens the prefix cache saved from recomputation, in total
+        self.num_embeddings = 0  # embedding requests that got their vector
+        self.num_embedding_tokens = 0  # and their prompts' tokens
 
     # -- intake --------------------------------------------------------------------------
 
@@ -111,7 +120,13 @@ class Scheduler(Forks):
         if not all(0 <= t < self.vocab_size for t in seq.token_ids):
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
         seq.params.check_vocabulary(self.vocab_size)  # the frontend did; the worker relies on it
-        if seq.num_prompt_tokens + seq.max_tokens > self.max_model_len:
+        if seq.pooling is not None:  # an embedding: its prompt may fill the context
+            if seq.num_prompt_tokens > self.max_model_len:
+                raise ValueError(
+                    f"the input ({seq.num_prompt_tokens} tokens) exceeds max_model_len "
+                    f"({self.max_model_len})"
+                )
+        elif seq.num_prompt_tokens + seq.max_tokens > self.max_model_len:
             raise ValueError(
                 f"prompt ({seq.num_prompt_tokens}) + max_tokens ({seq.max_tokens}) "
                 f"exceeds max_model_len ({self.max_model_len})"
@@ -212,6 +227,8 @@ class Scheduler(Forks):
         return step
 
     def _reaches_limit(self, seq: Sequence) -> bool:
+        if seq.pooling is not None:  # an embedding is done once its whole prompt is scheduled
+            return seq.num_computed_tokens >= seq.num_prompt_tokens
         return seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len
 
     def _make_room(self, seq: Sequence, num_tokens: int, step: ScheduledStep) -> bool:
@@ -285,8 +302,14 @@ class Scheduler(Forks):
 
     # -- results -------------------------------------------------------------------------
 
-    def update(self, step: ScheduledStep, sampled: dict[int, Sample]) -> list[SampledToken]:
-        """Apply a step's results (steps in order); `sampled`: by seq_id."""
+    def update(
+        self,
+        step: ScheduledStep,
+        sampled: dict[int, Sample],
+        pooled: Mapping[int, object] = MappingProxyType({}),
+    ) -> list[SampledToken]:
+        """Apply a step's results (steps in order); `sampled`: tokens by seq_id, `pooled`:
+        the vectors of embedding sequences whose prompt the step finished, by seq_id."""
         outputs = []
         for seq, num_tokens, start, samples in zip(
             step.seqs, step.num_tokens, step.starts, step.samples, strict=True
@@ -299,6 +322,9 @@ class Scheduler(Forks):
                 self.block_manager.cache_full_blocks(seq, start, start + num_tokens)
             if not samples:
                 continue  # a prefill chunk: nothing sampled yet
+            if seq.pooling is not None:
+                outputs.append(self._embedded(seq, pooled[seq.seq_id]))
+                continue
             token_id, logprob, top, prompt = sampled[seq.seq_id]
             seq.token_ids.append(token_id)  # also when preempted meanwhile: the token is valid
             if seq.forks:  # the prompt is computed: its siblings may share it now
@@ -310,6 +336,16 @@ class Scheduler(Forks):
                 SampledToken(seq.rid, token_id, logprob, reason, seq.num_cached_tokens, top, prompt)
             )
         return outputs
+
+    def _embedded(self, seq: Sequence, vector: object) -> SampledToken:
+        """An embedding request's vector came (also when preempted meanwhile: its step ran
+        whole): it ends here, and its blocks are free at once."""
+        if seq.status is SequenceStatus.WAITING:  # queued with that vector counted as a
+            self.queued_tokens -= 1  # pending token, which now never comes
+        self._finish(seq, "stop")
+        self.num_embeddings += 1
+        self.num_embedding_tokens += seq.num_prompt_tokens
+        return SampledToken(seq.rid, -1, 0.0, "stop", seq.num_cached_tokens, embedding=vector)
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> str | None:
         params = seq.params

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 
+from runtime.config.pooling import PoolingParams
 from runtime.config.sampling import SamplingParams
 
 
@@ -37,6 +38,7 @@ class Sequence:
         "num_pending_tokens",
         "num_prompt_tokens",
         "params",
+        "pooling",
         "rid",
         "seq_id",
         "session",
@@ -54,6 +56,7 @@ class Sequence:
         *,
         max_tokens: int,
         session: str = "",
+        pooling: PoolingParams | None = None,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError("a prompt needs at least one token")
@@ -65,6 +68,7 @@ class Sequence:
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
+        self.pooling = pooling  # an embedding: its prompt is pooled, nothing is sampled
         self.max_tokens = max_tokens  # resolved by the frontend: never None here
         self.stop_token_ids = frozenset(params.stop_token_ids)  # checked for every token
         self.num_computed_tokens = 0
@@ -80,7 +84,10 @@ class Sequence:
     @property
     def max_cached_tokens(self) -> int:
         """Prompt tokens the prefix cache may supply: not those whose logits the request wants
-        (prompt log-probabilities score each token with the logits before it)."""
+        (prompt log-probabilities score each token with the logits before it), nor any whose
+        hidden state an embedding pools (the cache holds keys and values, not those)."""
+        if self.pooling is not None and self.pooling.reads_every_token:
+            return 0
         params = self.params
         if params.prompt_logprobs is None or len(self.token_ids) > self.num_prompt_tokens:
             return len(self.token_ids)

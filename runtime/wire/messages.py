@@ -6,19 +6,21 @@ entry per sequence, so a step costs one message per direction whatever the batch
 Control ops and their envelope are in `runtime.wire.control`; `ControlDone` answers them.
 
 Tags are part of the protocol between processes: never reuse or renumber one. Retired: 13, 36.
-Next free: 54.
+Next free: 55.
 """
 
 from __future__ import annotations
 
 import runtime.wire.control  # noqa: F401 (registers the control ops with the codec)
 from runtime.config.constraint import Constraint
+from runtime.config.pooling import PoolingParams
 from runtime.config.sampling import SamplingParams
 from runtime.wire.codec import message, register
 from runtime.wire.stats import SchedulerStats, WorkerStats  # fields here; actors import them
 
 register(1)(SamplingParams)
 register(53)(Constraint)  # SamplingParams.constraint
+register(54)(PoolingParams)  # AddRequest.pooling, NewSeq.pooling
 
 
 @message(2)
@@ -26,6 +28,8 @@ class AddRequest:
     """Frontend → scheduler: a new request with its prompt already tokenized.
 
     `max_tokens` is resolved by the frontend (`params.max_tokens`, or up to the context limit).
+    With `pooling` the request is an embedding: its prompt is computed, pooled into one vector
+    and the request ends; nothing is sampled (`max_tokens` is 1, `params` the defaults).
     """
 
     rid: str
@@ -35,6 +39,7 @@ class AddRequest:
     session: str = ""  # the session whose turn it is ("" if none): its KV is kept at the end
     fork_of: str = ""  # a request of the same Submit with the same prompt, whose computed
     # prompt KV this one shares ("" if none): sample i > 0 of a request with n > 1
+    pooling: PoolingParams | None = None  # an embedding request's, resolved by the frontend
 
 
 @message(3)
@@ -78,6 +83,7 @@ class NewSeq:
     num_prompt_tokens: int
     num_computed_tokens: int
     params: SamplingParams
+    pooling: PoolingParams | None = None  # an embedding: pooled, never sampled
 
 
 @message(11)
@@ -129,6 +135,8 @@ class StepResult:
 
     `top[i]` and `prompt[i]` belong to `seq_ids[i]`; both are empty tuples when no sequence
     of the step asked for them. `prompt[i]` comes with a sequence's first sampled token.
+    An embedding sequence whose prompt this step finished is in `pooled_seq_ids` instead,
+    its vector in `pooled` (little-endian float32, cut and normalized as it asked).
     """
 
     step: int
@@ -138,6 +146,8 @@ class StepResult:
     stats: WorkerStats  # as of the end of this step
     top: tuple[Logprobs | None, ...] = ()
     prompt: tuple[Logprobs | None, ...] = ()
+    pooled_seq_ids: tuple[int, ...] = ()
+    pooled: tuple[bytes, ...] = ()
 
 
 @message(20)
@@ -163,6 +173,9 @@ class StepOutputs:
 
     `finish_reasons[i]` is None while request `rids[i]` runs, else "stop" or "length".
     `num_cached_tokens[i]` is how many prompt tokens the prefix cache supplied.
+    `embeddings[i]`, where not None, is embedding request `rids[i]`'s vector (it ends with
+    "stop"; its token id is -1, a placeholder); `embeddings` is empty when the step finished
+    no embedding request.
     """
 
     rids: tuple[str, ...]
@@ -174,6 +187,7 @@ class StepOutputs:
     worker: WorkerStats  # the latest the scheduler has
     top: tuple[Logprobs | None, ...] = ()  # as in StepResult, by `rids`
     prompt: tuple[Logprobs | None, ...] = ()
+    embeddings: tuple[bytes | None, ...] = ()
 
 
 # -- sessions: kept in order with the requests of their turns ---------------------------

@@ -61,6 +61,10 @@ class SchedulerStats:
     matches, which are found at admission)."""
     max_num_seqs: int = 0
     """The running batch's limit now (`set_internal_state` may change it)."""
+    num_embeddings: int = 0
+    """Embedding requests that handed back their vector (not in `num_generated_tokens`)."""
+    num_embedding_tokens: int = 0
+    """Prompt tokens of those embedding requests (cached ones included)."""
 
     @classmethod
     def idle(cls, num_blocks: int) -> SchedulerStats:

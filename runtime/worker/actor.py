@@ -145,6 +145,8 @@ class WorkerActor:
                             self.statistics(),
                             outcome.top,
                             outcome.prompt,
+                            outcome.pooled_seq_ids,
+                            outcome.pooled,
                         )
                     )
                     finished = time.perf_counter()

@@ -1,7 +1,7 @@
 """One step's input tensors, built from its plan and the worker's mirror of the sequences:
 the flattened token ids and positions, the attention metadata (cache slots, the gather rows
-and key masks of single-query sequences, the prefill slices), the logit rows to compute, and
-the sampling parameters of the rows that sample."""
+and key masks of single-query sequences, the prefill slices), the logit rows to compute, the
+sampling parameters of the rows that sample, and the rows embedding sequences pool."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from runtime.layers.attention import (
 )
 from runtime.wire.messages import StepPlan
 from runtime.worker.logprobs import PromptLogprobs
+from runtime.worker.pooling import PoolSlice, pool_slice
 from runtime.worker.sampler import SamplingBatch, make_sampling_batch
 from runtime.worker.seq_table import SeqTable, WorkerSeq
 from runtime.worker.transfer import device_tensor
@@ -36,6 +37,8 @@ class ModelInputs:
     sampling: SamplingBatch | None
     # after the sampled rows: rows scoring prompt tokens, per (seq id, seq, positions)
     prompt_rows: list[tuple[int, WorkerSeq, range]]
+    pool_rows: torch.Tensor  # [P] rows whose final-norm output embedding sequences pool
+    pool_slices: list[PoolSlice]  # each embedding sequence's part of them (none: no pooling)
 
 
 class DecodeLayout(TypedDict, total=False):
@@ -81,6 +84,8 @@ class InputBuilder:
         prefill_seqs: list[WorkerSeq] = []
         prompt_rows: list[tuple[int, WorkerSeq, range]] = []
         prompt_logit_rows: list[int] = []
+        pool_rows: list[int] = []
+        pool_slices: list[PoolSlice] = []
         scoring = self.prompt_logprobs.waiting  # once per step: usually nobody asks
         extends = self.kernels is not None and self.kernels.extends
         for i in order:
@@ -99,7 +104,11 @@ class InputBuilder:
                     mask = causal_mask(n, context, self.device, self.info.dtype)
                 prefills.append(PrefillSlice(start, n, context, rows, mask))
                 prefill_seqs.append(seq)
-            if SeqTable.samples(seq, n):
+            if seq.pooling is not None:  # an embedding: pooled, never sampled
+                piece = pool_slice(plan.seq_ids[i], seq, n, start, pool_rows)
+                if piece is not None:
+                    pool_slices.append(piece)
+            elif SeqTable.samples(seq, n):
                 logit_rows.append(start + n - 1)
                 sampled.append(i)
             if scoring:
@@ -126,6 +135,8 @@ class InputBuilder:
             sampled=sampled,
             sampling=self._sampling([seqs[i] for i in sampled]) if sampled else None,
             prompt_rows=prompt_rows,
+            pool_rows=self._tensor(pool_rows),
+            pool_slices=pool_slices,
         )
 
     def _decode_layout(self, seqs: list[WorkerSeq]) -> DecodeLayout:

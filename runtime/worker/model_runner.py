@@ -16,14 +16,15 @@ from runtime.checkpoints.model_info import load_model_info, resolve_max_model_le
 from runtime.config.engine import EngineConfig
 from runtime.kernels.select import select_kernels
 from runtime.layers.parallel import SINGLE, TPGroup, kv_heads_per_rank
-from runtime.models.llama import ModelArgs
+from runtime.models.llama import LlamaForCausalLM, ModelArgs
 from runtime.wire.messages import Logprobs, ShardStep, StepPlan
-from runtime.worker.batch_inputs import InputBuilder
+from runtime.worker.batch_inputs import InputBuilder, ModelInputs
 from runtime.worker.decode_graphs import DecodeGraphs
 from runtime.worker.grammar_masks import GrammarMasks, MaskJob
 from runtime.worker.kv_memory import default_kv_cache_memory
 from runtime.worker.logits_processors import LogitsProcessors
 from runtime.worker.logprobs import PromptLogprobs, top_logprobs
+from runtime.worker.pooling import Pooler
 from runtime.worker.sampler import SamplingBatch, choose, draw, sample
 from runtime.worker.seq_table import SeqTable, WorkerSeq
 from runtime.worker.served_weights import ModelShape, ServedWeights
@@ -44,6 +45,8 @@ class StepOutcome:
     sample_seconds: float
     top: tuple[Logprobs | None, ...] = ()  # by seq_ids, when some sequence asked
     prompt: tuple[Logprobs | None, ...] = ()
+    pooled_seq_ids: tuple[int, ...] = ()  # embeddings whose prompt this step finished
+    pooled: tuple[bytes, ...] = ()  # their vectors, by pooled_seq_ids
 
 
 # Below this many parameters per worker, leave one core to the schedulers and the frontend.
@@ -109,6 +112,7 @@ class ModelRunner:
         )
         self.grammars = GrammarMasks(config.model, self.info.vocab_size, self.info.eos_token_ids)
         self.prompt_logprobs = PromptLogprobs()
+        self.pooler = Pooler()
         self.inputs = InputBuilder(
             self.device,
             config.block_size,
@@ -204,17 +208,7 @@ class ModelRunner:
         sampled_seqs = [seqs[i] for i in inputs.sampled]
         masks = self.grammars.start(seq_ids, sampled_seqs)  # made while the forward runs
         prepared = time.perf_counter()
-        model = self.weights.model
-        assert model is not None, "a step while the weights are released"
-        graphs = self._graphs()
-        scores_prompts = bool(inputs.prompt_rows)
-        if graphs is not None and graphs.fits(inputs.meta, len(inputs.sampled), scores_prompts):
-            logits = graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
-        else:
-            logits = model(
-                inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, inputs.logit_rows
-            )
-        assert logits is not None, "tensor-parallel rank 0 gets the logits"
+        logits, pooled = self._forward(inputs)
         forwarded = time.perf_counter()
         num_sampled = len(inputs.sampled)
         if inputs.prompt_rows:
@@ -244,7 +238,38 @@ class ModelRunner:
             sample_seconds=done - forwarded,
             top=top,
             prompt=prompt,
+            pooled_seq_ids=pooled[0],
+            pooled=pooled[1],
         )
+
+    def _forward(
+        self, inputs: ModelInputs
+    ) -> tuple[torch.Tensor, tuple[tuple[int, ...], tuple[bytes, ...]]]:
+        """The logits of the rows that sample or score, and the vectors of the embedding
+        sequences this step finishes (by seq id)."""
+        model = self.weights.model
+        assert model is not None, "a step while the weights are released"
+        if inputs.pool_slices:  # the final norm of the pooled rows too; the same collectives
+            assert isinstance(model, LlamaForCausalLM)
+            x, residual = model.hidden_states(
+                inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta
+            )
+            logits = model.logits(x, residual, inputs.logit_rows, inputs.meta)
+            hidden = model.final_norm(x, residual, inputs.pool_rows, inputs.meta)
+            pooled = self.pooler.add(hidden, inputs.pool_slices)
+        else:
+            graphs = self._graphs()
+            scores_prompts = bool(inputs.prompt_rows)
+            if graphs is not None and graphs.fits(inputs.meta, len(inputs.sampled), scores_prompts):
+                logits = graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+            else:
+                logits = model(
+                    inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
+                    inputs.logit_rows,
+                )  # fmt: skip
+            pooled = ((), ())
+        assert logits is not None, "tensor-parallel rank 0 gets the logits"
+        return logits, pooled
 
     @torch.inference_mode()
     def follow(self, step: ShardStep) -> None:
@@ -267,6 +292,7 @@ class ModelRunner:
             self.processors.leave(seq_id)
             self.prompt_logprobs.leave(seq_id)
             self.grammars.leave(seq_id)
+            self.pooler.leave(seq_id)
         seqs = self.table.apply(plan)
         for new in plan.new_seqs:
             seq = self.table.seqs[new.seq_id]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from runtime.config.pooling import PoolingParams
 from runtime.config.sampling import SamplingParams
 from runtime.wire.messages import StepPlan
 
@@ -23,6 +24,7 @@ class WorkerSeq:
     block_table: list[int]
     params: SamplingParams
     seed: int  # the request's, or drawn once here: sampling hashes it with the position
+    pooling: PoolingParams | None = None  # an embedding: its prompt is pooled, not sampled
 
     @property
     def num_output_tokens(self) -> int:
@@ -47,6 +49,7 @@ class SeqTable:
                 [],
                 new.params,
                 seed,
+                new.pooling,
             )
         for seq_id, block_id in zip(plan.block_seq_ids, plan.block_ids, strict=True):
             self.seqs[seq_id].block_table.append(block_id)
@@ -54,7 +57,8 @@ class SeqTable:
 
     @staticmethod
     def samples(seq: WorkerSeq, num_tokens: int) -> bool:
-        """Whether computing `num_tokens` more tokens reaches the end, so a token is sampled."""
+        """Whether computing `num_tokens` more tokens reaches the end, so a token is sampled
+        (or, for an embedding, its vector is pooled: the scheduler counts that as its sample)."""
         return seq.num_computed_tokens + num_tokens == len(seq.token_ids)
 
     @staticmethod
