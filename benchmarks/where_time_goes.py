@@ -1,6 +1,7 @@
 """Where a step's time goes on a real model, each part against its own limit.
 
     python -m benchmarks.where_time_goes [--model DIR|FILE.gguf] [--batch 1 8 32] [--dtype float32]
+        [--quantization gguf] [--worker-only]
 
 Two views, on the default model (SmolLM2-135M-Instruct) unless `--model` says otherwise:
 
@@ -69,7 +70,7 @@ def linear_kind(module: Any, x: torch.Tensor, *_: Any, **__: Any) -> str:
     rate, whichever is longer."""
     from runtime.layers.parallel import ParallelLMHead
 
-    n, k = module.weight.shape
+    n, k = module.weight.shape[0], module.in_features  # a weight of blocks: [n, row bytes]
     name = f"{'lm head' if isinstance(module, ParallelLMHead) else 'linear'} {n}x{k}"
     flops, weight_bytes = (
         2.0 * x.shape[0] * n * k,
@@ -170,7 +171,8 @@ def table(title: str, steps: int) -> None:
 
 async def worker_view(args: argparse.Namespace) -> None:
     config = EngineConfig(model=args.model, mode="inproc", dtype=args.dtype,
-                          max_num_seqs=max(args.batch), num_threads=args.threads)  # fmt: skip
+                          max_num_seqs=max(args.batch), num_threads=args.threads,
+                          quantization=args.quantization)  # fmt: skip
     with instrumented():
         async with open_engine(config) as engine:
             await decode_steps(engine, 2, 8, 4)  # warm-up
@@ -179,7 +181,8 @@ async def worker_view(args: argparse.Namespace) -> None:
             threads = ran.worker.num_threads
             LIMITS[:] = limits = machine_limits(threads)
             print(f"model={args.model} dtype={ran.worker.dtype} threads={threads} "
-                  f"attention={ran.worker.attention_backend}")  # fmt: skip
+                  f"attention={ran.worker.attention_backend} "
+                  f"quantization={ran.worker.quantization}")  # fmt: skip
             gemm, memory = limits[0] / 1e9, limits[1] / 1e9
             print(f"machine: float32 GEMM {gemm:.0f} GFLOP/s, memory {memory:.1f} GB/s "
                   f"(copy: read + write), {threads} threads")  # fmt: skip
@@ -226,7 +229,8 @@ def process_view(args: argparse.Namespace) -> None:
                 n.start_soon(one, http)
         return tokens
 
-    with ours(args.model, args.dtype, "m") as server:
+    extra = ["--quantization", args.quantization] if args.quantization else []
+    with ours(args.model, args.dtype, "m", extra) as server:
         info = httpx.get(server.url + "/get_server_info").json()
         print(f"\nruntime serve: dtype={info['dtype']} threads={info['num_threads']}")
         print(
@@ -253,10 +257,13 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=512)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--quantization", choices=["gguf", "int8"])
+    parser.add_argument("--worker-only", action="store_true", help="no runtime serve view")
     args = parser.parse_args()
     args.model = args.model or str(default_model_file())
     trio.run(worker_view, args)
-    process_view(args)
+    if not args.worker_only:
+        process_view(args)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
 """GGUF checkpoints: `--model x.gguf` (or a folder holding one .gguf) is converted once into an
 ordinary Hugging Face checkpoint folder in the cache, cache_root()/gguf/<sha256 of the file>,
 which later starts load as it is. Everything downstream (model_info, the worker's loader, the
-frontend's AutoTokenizer) reads that folder and knows nothing of GGUF."""
+frontend's AutoTokenizer) reads that folder and knows nothing of GGUF.
+
+With `--quantization gguf` the conversion keeps the matrices our kernels multiply (Q8_0,
+Q4_0, Q4_1) as the file's own blocks, uint8 tensors [rows, row_bytes], and names their formats
+in quantization.json; that copy lives in cache_root()/gguf-blocks/<sha256>."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ logger = logging.getLogger("runtime")
 # Bump when what the conversion writes changes: copies made before are then converted again.
 CONVERTER_VERSION = 1
 MARKER = "gguf_source.json"  # written with the rest, read to tell a current copy
+BLOCKS_FILE = "quantization.json"  # the formats of the tensors a copy keeps as blocks
 
 
 def gguf_source(model: str | Path) -> Path | None:
@@ -40,18 +45,40 @@ def gguf_source(model: str | Path) -> Path | None:
     return found[0] if found else None
 
 
-def resolve_checkpoint(model: str, cache: Path | None = None) -> str:
+def resolve_checkpoint(
+    model: str, cache: Path | None = None, quantization: str | None = None
+) -> str:
     """The checkpoint folder to serve for `model`: itself, or the converted copy of its GGUF
-    file (converted first if this cache has none)."""
+    file (converted first if this cache has none): with `quantization` "gguf", the copy that
+    keeps the file's blocks."""
     source = gguf_source(model)
     if source is None:
+        check_folder(Path(model).expanduser(), quantization)
         return model
-    return str(converted_checkpoint(source, cache_root() if cache is None else cache))
+    keep = quantization == "gguf"
+    return str(converted_checkpoint(source, cache_root() if cache is None else cache, keep))
 
 
-def converted_checkpoint(source: Path, cache: Path) -> Path:
+def check_folder(folder: Path, quantization: str | None) -> None:
+    """A ValueError saying what to do where a checkpoint folder and `--quantization` do not
+    go together: blocks kept for `gguf` only, and `gguf` only with them."""
+    blocks = (folder / BLOCKS_FILE).is_file()
+    if quantization == "gguf" and not blocks:
+        raise ValueError(
+            f"--quantization gguf keeps a GGUF file's own blocks, and {folder} is no GGUF "
+            "file: give --model the .gguf file, or use --quantization int8 for a safetensors "
+            "checkpoint"
+        )
+    if quantization != "gguf" and blocks:
+        raise ValueError(
+            f"{folder} holds GGUF blocks (a .gguf file converted for --quantization gguf): "
+            "serve it with --quantization gguf, or serve the .gguf file itself"
+        )
+
+
+def converted_checkpoint(source: Path, cache: Path, keep_blocks: bool = False) -> Path:
     digest = file_sha256(source)
-    target = cache / "gguf" / digest
+    target = cache / ("gguf-blocks" if keep_blocks else "gguf") / digest
     if is_current(target):
         logger.info("%s: using its converted copy %s", source.name, target)
         return target
@@ -69,13 +96,15 @@ def converted_checkpoint(source: Path, cache: Path) -> Path:
     if is_current(target):  # another start converted it meanwhile
         return target
     discard(target)  # a copy by an older converter, if any
-    write_atomically(target, partial(convert, file, config, digest))
+    write_atomically(target, partial(convert, file, config, digest, keep_blocks))
     took = time.monotonic() - started
     logger.info("%s: converted into %s in %.1f s", source.name, target, took)
     return target
 
 
-def convert(file: GGUFFile, config: dict[str, Any], digest: str, out: Path) -> None:
+def convert(
+    file: GGUFFile, config: dict[str, Any], digest: str, keep_blocks: bool, out: Path
+) -> None:
     from runtime.checkpoints.gguf_config import generation_config
     from runtime.checkpoints.gguf_tokenizer import build_tokenizer, tokenizer_config
     from runtime.checkpoints.gguf_weights import write_weights
@@ -84,7 +113,7 @@ def convert(file: GGUFFile, config: dict[str, Any], digest: str, out: Path) -> N
     write_json(out / "generation_config.json", generation_config(file))
     (out / "tokenizer.json").write_text(build_tokenizer(file).to_str())
     write_json(out / "tokenizer_config.json", tokenizer_config(file))
-    write_weights(file, config, out)
+    write_weights(file, config, out, keep_blocks)
     source = {"converter": CONVERTER_VERSION, "sha256": digest, "file": str(file.path)}
     write_json(out / MARKER, source | {"quantization": file.quantization()})
 

@@ -87,9 +87,12 @@ def _eos_token_ids(path: Path, hf: PretrainedConfig) -> frozenset[int]:
 
 def _dtype(config: EngineConfig, hf: PretrainedConfig) -> torch.dtype:
     """ "auto" serves the checkpoint's dtype, except as vLLM does: float32 runs in bfloat16
-    where the hardware computes bf16 natively, and float16 runs in float32 on CPUs."""
+    where the hardware computes bf16 natively, and float16 runs in float32 on CPUs. Quantized
+    weights compute in float32, as llama.cpp's do: the activations and the rest."""
     if config.dtype != "auto":
         return _DTYPES[config.dtype]
+    if config.quantization is not None:
+        return torch.float32
     dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None) or torch.float32
     if isinstance(dtype, str):
         dtype = _DTYPES.get(dtype, torch.float32)

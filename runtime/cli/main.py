@@ -191,6 +191,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         structured_outputs_backend=args.structured_outputs_backend,
         pooling=args.pooling,
+        quantization=args.quantization,
     )
 
 
@@ -234,7 +235,7 @@ async def run_server(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_cancel_unless_ready, shutdown, ready, nursery.cancel_scope)
-        model, default_name = await served_checkpoint(config.model)
+        model, default_name = await served_checkpoint(config.model, config.quantization)
         config = config.replace(model=model)
         async with open_engine(config, progress=True, on_actor_death=stop_serving) as engine:
             name = args.served_model_name or default_name
@@ -297,7 +298,7 @@ async def _cancel_unless_ready(
         scope.cancel()
 
 
-async def served_checkpoint(model: str) -> tuple[str, str]:
+async def served_checkpoint(model: str, quantization: str | None = None) -> tuple[str, str]:
     """The checkpoint folder to serve and the name clients use unless told otherwise: the
     default model when none is named, the converted copy of a GGUF file (converted first, on
     first use), before any actor starts."""
@@ -308,7 +309,8 @@ async def served_checkpoint(model: str) -> tuple[str, str]:
     if not model:
         model, name = str(default_model_file()), DEFAULT_MODEL_ID
         logger.info("no --model: the default model, %s (%s)", name, model)
-    folder = await trio.to_thread.run_sync(resolve_checkpoint, model, abandon_on_cancel=True)
+    resolve = partial(resolve_checkpoint, model, quantization=quantization)
+    folder = await trio.to_thread.run_sync(resolve, abandon_on_cancel=True)
     return folder, name
 
 

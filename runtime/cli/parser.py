@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "float32", "bfloat16", "float16"],
         help="weights and KV cache; auto: the checkpoint's",
     )
+    serve.add_argument(
+        "--quantization",
+        choices=["gguf", "int8"],
+        help="gguf: a GGUF file's Q8_0/Q4_0/Q4_1 matrices kept as its blocks and multiplied "
+        "as such (other types dequantized to float32); int8: a float checkpoint's matrices "
+        "quantized to Q8_0 at load; CPU only. Unset: float weights (GGUF files dequantized)",
+    )
     serve.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     serve.add_argument(
         "--threads",

@@ -92,6 +92,11 @@ class EngineConfig:
             "llguidance" (vLLM's "guidance" and "auto" name it too); nothing else exists here.
         pooling: how `embed` pools a prompt's hidden states when a call does not say:
             "last" (the last token's: decoder models), "mean" or "cls" (the first token's).
+        quantization: None: weights as the checkpoint has them (a GGUF file's dequantized to
+            float32); "gguf": a GGUF file's Q8_0, Q4_0 and Q4_1 matrices kept as its blocks
+            and multiplied as such (runtime/kernels/cpu_quant.cpp); "int8": a float
+            checkpoint's matrices quantized at load to Q8_0 (int8 per block of 32, a float16
+            scale each). CPU only, one tensor-parallel rank; dtype "auto" is then float32.
     """
 
     model: str
@@ -121,6 +126,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     structured_outputs_backend: str = "llguidance"
     pooling: str = "last"
+    quantization: Literal["gguf", "int8"] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("process", "inproc"):
@@ -171,6 +177,23 @@ class EngineConfig:
         object.__setattr__(self, "structured_outputs_backend", backend)
         if self.pooling not in POOLING_TYPES:
             raise ValueError(f"pooling must be one of {', '.join(POOLING_TYPES)}: {self.pooling!r}")
+        self._check_quantization()
+
+    def _check_quantization(self) -> None:
+        if self.quantization is None:
+            return
+        if self.quantization not in ("gguf", "int8"):
+            raise ValueError(f"quantization must be 'gguf' or 'int8', not {self.quantization!r}")
+        if not self.device.startswith("cpu"):
+            raise ValueError(
+                f"--quantization {self.quantization} runs on the CPU (its kernels are "
+                f"runtime/kernels/cpu_quant.cpp), not on {self.device}"
+            )
+        if self.tensor_parallel_size > 1:
+            raise ValueError(
+                f"--quantization {self.quantization} keeps each matrix whole on one rank: "
+                "not with --tensor-parallel-size > 1 yet"
+            )
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -263,6 +263,8 @@ class Engine(EngineClient):
                          "num_threads": w.num_threads,
                          "tensor_parallel_size": w.tensor_parallel_size,
                          "attention_backend": w.attention_backend,
+                         "quantization": w.quantization,
+                         "step_weight_bytes": w.step_weight_bytes,
                          "max_steps_in_flight": self.ready.max_steps_in_flight}  # fmt: skip
         return settings
 

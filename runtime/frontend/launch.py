@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import ExitStack, asynccontextmanager
+from functools import partial
 
 import trio
 from transformers import AutoTokenizer
@@ -35,7 +36,8 @@ async def open_engine(
     given) is awaited, e.g. to let an HTTP server send those errors and stop, and then
     ActorDiedError cancels everything: within ACTOR_DEATH_GRACE seconds in all.
     """
-    model = await trio.to_thread.run_sync(resolve_checkpoint, config.model, abandon_on_cancel=True)
+    resolve = partial(resolve_checkpoint, config.model, quantization=config.quantization)
+    model = await trio.to_thread.run_sync(resolve, abandon_on_cancel=True)
     config = config.replace(model=model)  # a GGUF file's converted copy, or the folder itself
     info = load_model_info(config)
     config = config.replace(max_model_len=resolve_max_model_len(config, info))

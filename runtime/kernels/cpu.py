@@ -1,7 +1,7 @@
 """The CPU kernels: paged attention (cpu_attention.cpp), the fused small ops between the
-matmuls (cpu_fused.cpp), a decode step's matmuls (cpu_linear.cpp) and sampling
-(cpu_sampling.cpp), compiled once per machine with g++, cached across restarts, called
-through ctypes.
+matmuls (cpu_fused.cpp), a decode step's matmuls (cpu_linear.cpp), matmuls with GGUF's
+quantized blocks (cpu_quant.cpp) and sampling (cpu_sampling.cpp), compiled once per machine
+with g++, cached across restarts, called through ctypes.
 
 No torch headers are involved, so a build takes seconds rather than the minute a
 `torch.utils.cpp_extension` build takes; cpu_build.py builds and caches it.
@@ -27,6 +27,7 @@ from runtime.kernels.checks import (
     sampling_params,
 )
 from runtime.kernels.cpu_build import built_library, find_compiler
+from runtime.kernels.quant_formats import BLOCK, QuantFormat
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 LINEAR_TILE = 4  # cpu_linear.cpp's kTileN: weight rows widened at once, per thread
@@ -41,7 +42,11 @@ SIGNATURES = {
     "greedy_pick": "p q q p p",
     "sample_pick": "p q q q p p p p p p i",
     "skinny_linear": "i p p p p q q q p i",
+    "quant_linear": "i p p p p q q q p i",
+    "quant_dequantize": "i p p q q i",
+    "quant_isa": "",
 }
+QUANT_ISAS = {0: "plain loops", 1: "AVX2", 2: "AVX-512", 3: "AVX-512 VNNI"}
 _CTYPES = {"i": ctypes.c_int, "q": ctypes.c_int64, "f": ctypes.c_float, "p": ctypes.c_void_p}
 
 
@@ -141,6 +146,54 @@ class CpuKernels:
             scratch.data_ptr(),
             threads,
         )
+        return out
+
+    def quant_linear(
+        self,
+        x: torch.Tensor,  # [rows, k] float32
+        blocks: torch.Tensor,  # [n, fmt.row_bytes(k)] uint8: a matrix [n, k] in format `fmt`
+        fmt: QuantFormat,
+        bias: torch.Tensor | None = None,  # [n] float32
+    ) -> torch.Tensor:  # [rows, n] float32
+        """x @ W^T + bias with W read as its blocks, x quantized to int8 blocks on the way in
+        (llama.cpp's scheme: cpu_quant.cpp), each weight read once."""
+        rows, k = _check_blocks(x, blocks, fmt, bias)
+        n = blocks.shape[0]
+        out = x.new_empty((rows, n))
+        # x quantized: int8 values and two float vectors per step of 64 (cpu_quant.cpp)
+        scratch = torch.empty(rows * -(-k // (2 * BLOCK)) * 192, dtype=torch.uint8)
+        self._call(
+            "quant_linear",
+            fmt.code,
+            out.data_ptr(),
+            x.data_ptr(),
+            blocks.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            rows,
+            n,
+            k,
+            scratch.data_ptr(),
+            torch.get_num_threads(),
+        )
+        return out
+
+    @property
+    def quant_isa(self) -> str:
+        """What this build's quant_linear computes with: "AVX-512 VNNI", "AVX-512", "AVX2" or
+        "plain loops" (RUNTIME_KERNEL_ISA=avx2 builds the AVX2 ones on an AVX-512 CPU)."""
+        return QUANT_ISAS[int(self._functions["quant_isa"]())]
+
+    def dequantize(self, blocks: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
+        """The float32 matrix [n, k] that blocks [n, row_bytes] of format `fmt` stand for."""
+        if blocks.dtype != torch.uint8 or not blocks.is_contiguous() or blocks.dim() != 2:
+            raise KernelError(f"expected contiguous uint8 [n, row_bytes], got {blocks.dtype}")
+        n, row_bytes = blocks.shape
+        if row_bytes % fmt.block_bytes:
+            raise KernelError(f"rows of {row_bytes} bytes are no whole {fmt.name} blocks")
+        k = row_bytes // fmt.block_bytes * BLOCK
+        out = torch.empty((n, k), dtype=torch.float32)
+        threads = torch.get_num_threads()
+        self._call("quant_dequantize", fmt.code, out.data_ptr(), blocks.data_ptr(), n, k, threads)
         return out
 
     def rms_norm(
@@ -258,6 +311,21 @@ class CpuKernels:
         return out
 
 
+def _check_blocks(
+    x: torch.Tensor, blocks: torch.Tensor, fmt: QuantFormat, bias: torch.Tensor | None
+) -> tuple[int, int]:
+    """(rows, k) of float32 x [rows, k] against blocks [n, row_bytes] of a [n, k] matrix."""
+    check_contiguous(x, *(() if bias is None else (bias,)), dtypes=(torch.float32,))
+    if blocks.dtype != torch.uint8 or not blocks.is_contiguous() or x.dim() != 2:
+        raise KernelError(f"x {x.dtype} {tuple(x.shape)}, blocks {blocks.dtype}")
+    rows, k = x.shape
+    if k % BLOCK or blocks.shape[1:] != (fmt.row_bytes(k),):
+        raise KernelError(f"x {tuple(x.shape)} against {fmt.name} blocks {tuple(blocks.shape)}")
+    if bias is not None and bias.shape != (blocks.shape[0],):
+        raise KernelError(f"bias {tuple(bias.shape)} for {blocks.shape[0]} outputs")
+    return rows, k
+
+
 def _check_index(x: torch.Tensor) -> None:
     if x.dtype != torch.int64 or not x.is_contiguous():
         raise KernelError(f"indices must be contiguous int64, not {x.dtype}")
@@ -267,6 +335,7 @@ def _raise_for(code: int) -> None:
     if code:
         reasons = {1: "heads do not group", 2: "a context length is outside its block table"}
         reasons |= {3: "a block id is outside the cache", 4: "a slot is outside the cache"}
+        reasons |= {10: "K is not a multiple of 32", 11: "no kernel for this block format"}
         raise KernelError(reasons.get(code, f"unsupported dtype (code {code})"))
 
 

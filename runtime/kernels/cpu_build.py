@@ -29,10 +29,15 @@ from typing import IO
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = tuple(HERE / f"cpu_{name}.cpp" for name in ("attention", "fused", "linear", "sampling"))
-HEADERS = (HERE / "cpu_common.h", HERE / "cpu_attention_tiles.h")
+SOURCES = tuple(
+    HERE / f"cpu_{name}.cpp" for name in ("attention", "fused", "linear", "quant", "sampling")
+)
+HEADERS = (HERE / "cpu_common.h", HERE / "cpu_attention_tiles.h", HERE / "cpu_lanes.h")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
          "-fno-math-errno", "-fno-trapping-math")  # fmt: skip
+# $RUNTIME_KERNEL_ISA: "native" (unset) builds for every instruction the CPU has; "avx2" leaves
+# AVX-512 out, to run and measure the AVX2 kernels on a CPU that has both.
+ISA_FLAGS = {"native": (), "avx2": ("-mno-avx512f",)}
 # While a slow machine compiles, a line this often says it is still at it.
 HEARTBEAT = 10.0
 
@@ -42,8 +47,16 @@ def cache_dir() -> Path:
     return Path(root or Path.home() / ".cache") / "runtime-kernels"
 
 
+def build_flags() -> tuple[str, ...]:
+    """FLAGS and those of $RUNTIME_KERNEL_ISA."""
+    isa = os.environ.get("RUNTIME_KERNEL_ISA") or "native"
+    if isa not in ISA_FLAGS:
+        raise ValueError(f"RUNTIME_KERNEL_ISA={isa!r} is not one of {', '.join(ISA_FLAGS)}")
+    return FLAGS + ISA_FLAGS[isa]
+
+
 def library_name() -> str:
-    key = hashlib.sha256(" ".join(FLAGS).encode() + _cpu_flags().encode())
+    key = hashlib.sha256(" ".join(build_flags()).encode() + _cpu_flags().encode())
     for path in SOURCES + HEADERS:
         key.update(path.read_bytes())
     return f"cpu_kernels-{key.hexdigest()[:16]}.so"
@@ -114,7 +127,7 @@ def compile_library(compiler: str, target: Path, cached: bool) -> Path:
     )
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         objects = [Path(scratch) / f"{source.stem}.o" for source in SOURCES]
-        compile_flags = [flag for flag in FLAGS if flag != "-shared"]
+        compile_flags = [flag for flag in build_flags() if flag != "-shared"]
         commands = [
             [compiler, *compile_flags, "-c", str(source), "-o", str(obj)]
             for source, obj in zip(SOURCES, objects, strict=True)

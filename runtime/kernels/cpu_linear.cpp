@@ -18,64 +18,16 @@
 #include <cstdint>
 
 #include "cpu_common.h"
+#include "cpu_lanes.h"
 
 #pragma GCC optimize("fp-contract=fast")  // acc += x * w as one FMA (ISO C++ mode forbids it)
 
 namespace {
 
-#if defined(RUNTIME_LINEAR_LANES)  // tests build the other width on any CPU
-constexpr int kLanes = RUNTIME_LINEAR_LANES;
-#elif defined(__AVX512F__)
-constexpr int kLanes = 16;
-#else
-constexpr int kLanes = 8;
-#endif
-typedef float vfloat __attribute__((vector_size(kLanes * 4)));
-
 constexpr int kTileN = 4;  // weight rows per tile
 constexpr int kTileM = 2;  // x rows per tile: kTileM * kTileN accumulators, kTileN weights
 constexpr int64_t kBlockFloats = 96 * 1024;  // rows of x per block: 384 KB of L2
 constexpr int64_t kMinBlock = 128;  // but not fewer rows: each block reads every weight again
-
-// An empty asm that takes v in a vector register: gcc cannot fold its load into an FMA.
-inline void keep_in_register(vfloat& v) {
-#if defined(__AVX512F__)
-  asm("" : "+v"(v));
-#elif defined(__AVX__)
-  if constexpr (sizeof v == 32) asm("" : "+x"(v));
-#endif
-  (void)v;
-}
-
-inline vfloat load_lanes(const float* p) {
-  vfloat v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
-}
-
-typedef float vfloat8 __attribute__((vector_size(32)));
-
-inline vfloat8 fold8(vfloat v) {  // lanes i and i + 8 added: the 8-lane sums are the same
-  if constexpr (kLanes == 16)
-    return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-           __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  else
-    return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-}
-
-// Lane i: the sum of the lanes of v[i]. A transposing tree of 7 additions, where summing each
-// vector on its own costs 8 shuffle-and-add chains: with K = 256 those ate half the time.
-inline vfloat8 sum_each(const vfloat8 v[8]) {
-  vfloat8 pairs[4], quads[2];
-  for (int i = 0; i < 4; ++i)  // [a01, b01, a23, b23, a45, b45, a67, b67] of a, b = v[2i], v[2i+1]
-    pairs[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
-               __builtin_shufflevector(v[2 * i], v[2 * i + 1], 1, 9, 3, 11, 5, 13, 7, 15);
-  for (int i = 0; i < 2; ++i)  // [a0-3, b0-3, c0-3, d0-3, a4-7, b4-7, c4-7, d4-7]
-    quads[i] = __builtin_shufflevector(pairs[2 * i], pairs[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
-               __builtin_shufflevector(pairs[2 * i], pairs[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
-  return __builtin_shufflevector(quads[0], quads[1], 0, 1, 2, 3, 8, 9, 10, 11) +
-         __builtin_shufflevector(quads[0], quads[1], 4, 5, 6, 7, 12, 13, 14, 15);
-}
 
 // out[m, n] for TM rows of x (float32, `k` apart) and TN weight rows (TM * TN <= 8).
 template <int TM, int TN>

@@ -113,6 +113,12 @@ def streamed_linear(kernels: Kernels | None) -> StreamedLinear | None:
     return kernels.linear if isinstance(kernels, CpuKernels) else None
 
 
+def quant_kernels(kernels: Kernels | None) -> CpuKernels | None:
+    """The kernels that multiply GGUF blocks (runtime/layers/quantized.py): the CPU ones; else
+    the layers dequantize and multiply in torch."""
+    return kernels if isinstance(kernels, CpuKernels) else None
+
+
 def _triton(device: torch.device, explicit: bool) -> Kernels | None:
     try:
         import triton  # noqa: F401  (an optional dependency in effect: it may fail to load)

@@ -23,8 +23,10 @@ import torch.nn.functional as F
 from torch import distributed as dist
 from torch import nn
 
+from runtime.kernels.quant_formats import QuantFormat, dequantize, quantize
 from runtime.kernels.select import Kernels
 from runtime.layers.basic import Linear
+from runtime.layers.quantized import QuantKernels, empty_blocks, float_rows
 
 # How long one collective of a step may wait for the other ranks before the engine is
 # declared dead: a rank that hangs this long is not coming back in time to serve anyone.
@@ -126,19 +128,39 @@ def kv_heads_per_rank(num_kv_heads: int, size: int) -> int:
 @dataclass(frozen=True, slots=True)
 class Slot:
     """Where a rank's share of a checkpoint tensor of `full_shape` goes: `dest`, which holds
-    the `dest.shape[dim]` entries from `start` along `dim`."""
+    the `dest.shape[dim]` entries from `start` along `dim`. With `quant`, `dest` holds the
+    whole matrix as blocks of that format (quantized layers are never split over ranks): a
+    float source is quantized into it, a uint8 one is blocks of that format already."""
 
     dest: torch.Tensor
     full_shape: tuple[int, ...]
     dim: int = 0
     start: int = 0
+    quant: QuantFormat | None = None
 
     def take(self, source: Any) -> torch.Tensor:
         """This rank's share of `source`: a tensor, or a safetensors slice (read lazily)."""
-        if tuple(self.dest.shape) == self.full_shape:
+        if self.quant is not None or tuple(self.dest.shape) == self.full_shape:
             return source[:] if not isinstance(source, torch.Tensor) else source
         length = self.dest.shape[self.dim]
         return source[(slice(None),) * self.dim + (slice(self.start, self.start + length),)]
+
+    def source_shape(self, dtype: torch.dtype) -> tuple[int, ...]:
+        """The shape a source of `dtype` must have: blocks' bytes, or the float matrix."""
+        if self.quant is not None and dtype == torch.uint8:
+            return self.quant.packed_shape(self.full_shape)
+        return self.full_shape
+
+    def write(self, source: Any) -> None:
+        """Copy this rank's share of `source` into `dest` (quantized, for blocks)."""
+        part = self.take(source)
+        if self.quant is not None and part.dtype != torch.uint8:
+            part = quantize(part, self.quant.name)
+        self.dest.copy_(part)
+
+    def floats(self, part: torch.Tensor) -> torch.Tensor:
+        """Rows of `dest` (or of its share) as the float values they hold."""
+        return part.float() if self.quant is None else dequantize(part, self.quant.name)
 
 
 def whole(param: torch.Tensor) -> Slot:
@@ -204,18 +226,31 @@ class RowParallelLinear(Linear):
 
 class VocabParallelEmbedding(nn.Module):
     """Each rank holds a contiguous range of the vocabulary's rows; a token outside it
-    contributes zeros, and the all-reduce assembles every token's row."""
+    contributes zeros, and the all-reduce assembles every token's row. Or (one rank) the rows
+    are GGUF blocks (`quantize_`), each token's dequantized as it is looked up."""
+
+    quant: QuantFormat | None = None
+    quant_kernels: QuantKernels | None = None
 
     def __init__(self, vocab_size: int, hidden: int, tp: TPGroup) -> None:
         super().__init__()
         rows = divide(vocab_size, tp.size, "vocab_size")
         self.weight = nn.Parameter(torch.empty(rows, hidden))
-        self.tp, self.vocab_size, self.start = tp, vocab_size, tp.rank * rows
+        self.tp, self.vocab_size, self.hidden, self.start = tp, vocab_size, hidden, tp.rank * rows
+        self.lookup_dtype = torch.float32  # of the rows looked up in blocks
+
+    def quantize_(self, fmt: QuantFormat, dtype: torch.dtype) -> None:
+        """Hold the rows as (empty) blocks of `fmt`, looked up as `dtype`."""
+        self.weight = empty_blocks(self.weight.shape[0], self.hidden, fmt, self.weight.device)
+        self.quant, self.lookup_dtype = fmt, dtype
 
     def slot(self, param: str, part: int | None) -> Slot:
-        return Slot(self.weight.data, (self.vocab_size, self.weight.shape[1]), 0, self.start)
+        return Slot(self.weight.data, (self.vocab_size, self.hidden), 0, self.start)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.quant is not None:
+            rows = self.weight.index_select(0, input_ids)
+            return float_rows(rows, self.quant, self.quant_kernels).to(self.lookup_dtype)
         if self.tp.size == 1:
             return F.embedding(input_ids, self.weight)
         local = input_ids - self.start

@@ -115,6 +115,8 @@ class WorkerReady:
     vocab_size: int  # token ids the model can embed: the scheduler refuses others
     tensor_parallel_size: int = 1  # ranks the model is split over, all of them started
     attention_backend: str = "torch"  # "cpp", "triton" or "torch": what attention runs on
+    quantization: str = "none"  # matrices kept as GGUF blocks, e.g. "gguf (Q4_1 x120, Q8_0 x1)"
+    step_weight_bytes: int = 0  # bytes of weights a decode step reads (linears and LM head)
 
 
 @message(49)

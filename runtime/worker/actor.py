@@ -92,6 +92,8 @@ class WorkerActor:
             vocab_size=runner.info.vocab_size,
             tensor_parallel_size=runner.tp.size,
             attention_backend=runner.attention_backend,
+            quantization=runner.quantization,
+            step_weight_bytes=runner.step_weight_bytes,
         )
         await scheduler.send(ready)
         task_status.started()

@@ -136,7 +136,8 @@ class WorkerControl:
         # split by columns: this rank's columns of the first `rows` rows; split by rows (or
         # whole): this rank's rows among the first `rows`
         share = slot.dest[:rows] if slot.dim else slot.dest[: max(0, rows - slot.start)]
-        shares = gather_shares(self.tp, share.detach().float().cpu().contiguous(), slot.start)
+        values = slot.floats(share.detach().cpu())  # blocks: the values they stand for
+        shares = gather_shares(self.tp, values.contiguous(), slot.start)
         if shares is None:  # not rank 0
             return "", ()
         whole = torch.zeros((rows, *slot.full_shape[1:]))

@@ -4,10 +4,16 @@ Checkpoint names map to ours one to one, except the projections we fuse (the mod
 `packed_modules`: `q_proj` lands in a slice of `qkv_proj`, and so on). Every parameter must be
 filled exactly once with a tensor of exactly its shape; anything else is a `CheckpointError`
 naming the tensor, so a wrong or truncated checkpoint never serves garbage.
+
+A parameter kept as GGUF blocks (runtime/layers/quantized.py) takes either its float matrix,
+quantized as it is copied (`--quantization int8`, and float weights pushed into a quantized
+model), or uint8 blocks of its own format (a GGUF file's, converted with its blocks kept),
+whose shape says the format: [rows, row_bytes].
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -21,6 +27,7 @@ from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
+from runtime.kernels.quant_formats import scales_finite
 from runtime.layers.parallel import ColumnParallelLinear, Slot, whole
 
 log = logging.getLogger(__name__)
@@ -63,6 +70,7 @@ def count_tensors(files: list[Path]) -> int:
 
 # safetensors' dtype names
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+BLOCKS = {"U8": torch.uint8}  # GGUF blocks, for a parameter kept as blocks
 
 
 def load_weights(
@@ -95,20 +103,20 @@ def load_weights(
             if target not in params:
                 raise CheckpointError(f"checkpoint tensor {name!r} has no place in the model")
             slot = _slot(model, target, shard)
-            dtype = DTYPES.get(source.get_dtype())
-            if dtype is None:
-                raise CheckpointError(f"{name}: dtype {source.get_dtype()} is not floating point")
-            check_dtype(name, dtype, dtypes)
-            seen.add(dtype)
-            if tuple(source.get_shape()) != slot.full_shape:
+            dtype = _source_dtype(name, source.get_dtype(), slot)
+            if dtype != torch.uint8:
+                check_dtype(name, dtype, dtypes)
+                seen.add(dtype)
+            shape = slot.source_shape(dtype)
+            if tuple(source.get_shape()) != shape:
                 raise CheckpointError(
                     f"{name}: checkpoint shape {tuple(source.get_shape())} != model shape "
-                    f"{slot.full_shape}"
+                    f"{shape}{_blocks_of(slot, dtype)}"
                 )
             if (target, shard) in loaded:
                 raise CheckpointError(f"checkpoint tensor {name!r} appears twice")
-            slot.dest.copy_(slot.take(source))
-            check_finite(name, slot.dest)
+            slot.write(source)
+            check_written(name, slot)
             loaded.add((target, shard))
     missing = wanted - loaded
     if missing:
@@ -133,8 +141,32 @@ def check_dtype(name: str, dtype: torch.dtype, dtypes: Collection[torch.dtype] |
 
 def check_finite(name: str, tensor: torch.Tensor) -> None:
     """NaN or infinite weights would end every request at once with garbage: refused."""
+    if tensor.dtype == torch.uint8:
+        return  # blocks: their scales are checked where their format is known
     if not bool(torch.isfinite(tensor).all()):
         raise CheckpointError(f"{name}: holds NaN or infinite values")
+
+
+def check_written(name: str, slot: Slot) -> None:
+    """The values just written are finite: floats, or the scales of blocks."""
+    if slot.quant is None:
+        check_finite(name, slot.dest)
+    elif not scales_finite(slot.dest, slot.quant.name):
+        raise CheckpointError(f"{name}: holds NaN or infinite values")
+
+
+def _source_dtype(name: str, dtype_name: str, slot: Slot) -> torch.dtype:
+    dtype = DTYPES.get(dtype_name) or (BLOCKS.get(dtype_name) if slot.quant else None)
+    if dtype is None:
+        raise CheckpointError(f"{name}: dtype {dtype_name} is not floating point")
+    return dtype
+
+
+def _blocks_of(slot: Slot, dtype: torch.dtype) -> str:
+    """What a uint8 tensor for a parameter kept as blocks should have been."""
+    if slot.quant is None or dtype != torch.uint8:
+        return ""
+    return f" ({slot.quant.name} blocks of a {slot.full_shape} matrix: another format?)"
 
 
 def install_tensors(
@@ -151,12 +183,20 @@ def install_tensors(
         slot = check_tensor(model, name, tensor.shape, tensor.dtype, dtypes)
         if slot is not None:
             check_finite(name, tensor)
+            if slot.quant is not None and tensor.dtype == torch.uint8:
+                check_blocks(name, tensor, slot)
             plan.append((name, slot, tensor))
     check_disjoint([(name, slot.dest) for name, slot, _ in plan])
     with torch.no_grad():
         for _, slot, tensor in plan:
-            slot.dest.copy_(slot.take(tensor))
+            slot.write(tensor)
     return len(plan)
+
+
+def check_blocks(name: str, blocks: torch.Tensor, slot: Slot) -> None:
+    assert slot.quant is not None
+    if not scales_finite(blocks, slot.quant.name):
+        raise CheckpointError(f"{name}: holds NaN or infinite values")
 
 
 def check_tensor(
@@ -176,11 +216,16 @@ def check_tensor(
         slot = find_slot(model, name)
     except KeyError:
         raise CheckpointError(f"tensor {name!r} has no place in the model") from None
-    if not dtype.is_floating_point:
+    blocks = slot.quant is not None and dtype == torch.uint8
+    if not dtype.is_floating_point and not blocks:
         raise CheckpointError(f"{name}: dtype {dtype} is not a floating point type")
-    check_dtype(name, dtype, dtypes)
-    if slot.full_shape != tuple(shape):
-        raise CheckpointError(f"{name}: shape {tuple(shape)} != model shape {slot.full_shape}")
+    if not blocks:
+        check_dtype(name, dtype, dtypes)
+    expected = slot.source_shape(dtype)
+    if expected != tuple(shape):
+        raise CheckpointError(
+            f"{name}: shape {tuple(shape)} != model shape {expected}{_blocks_of(slot, dtype)}"
+        )
     return slot
 
 
@@ -207,13 +252,16 @@ def find_slot(model: nn.Module, name: str) -> Slot:
 
 
 def _slot(model: nn.Module, target: str, shard: int | None) -> Slot:
-    """A sharded layer says where a rank's share goes; any other parameter is whole."""
+    """A sharded layer says where a rank's share goes; any other parameter is whole. A weight
+    kept as blocks says so in its slot."""
     module_name, _, param = target.rpartition(".")
     module = model.get_submodule(module_name)
     slot: Callable[[str, int | None], Slot] | None = getattr(module, "slot", None)
-    if slot is not None:
-        return slot(param, shard)
-    return whole(getattr(module, param).data)
+    if slot is None:
+        return whole(getattr(module, param).data)
+    found = slot(param, shard)
+    quant = getattr(module, "quant", None)
+    return dataclasses.replace(found, quant=quant) if quant and param == "weight" else found
 
 
 def _packed(model: nn.Module) -> dict[str, tuple[str, int]]:

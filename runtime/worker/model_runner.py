@@ -15,6 +15,7 @@ import torch
 from runtime.checkpoints.model_info import load_model_info, resolve_max_model_len
 from runtime.config.engine import EngineConfig
 from runtime.kernels.select import select_kernels
+from runtime.layers.basic import Linear
 from runtime.layers.parallel import SINGLE, TPGroup, kv_heads_per_rank
 from runtime.models.llama import LlamaForCausalLM, ModelArgs
 from runtime.wire.messages import Logprobs, ShardStep, StepPlan
@@ -25,6 +26,7 @@ from runtime.worker.kv_memory import default_kv_cache_memory
 from runtime.worker.logits_processors import LogitsProcessors
 from runtime.worker.logprobs import PromptLogprobs, top_logprobs
 from runtime.worker.pooling import Pooler
+from runtime.worker.quantization import describe, plan_for
 from runtime.worker.sampler import SamplingBatch, choose, draw, sample
 from runtime.worker.seq_table import SeqTable, WorkerSeq
 from runtime.worker.served_weights import ModelShape, ServedWeights
@@ -64,6 +66,17 @@ def default_num_threads(num_workers: int = 1, parameters: int = 0) -> int:
     return max(1, (len(os.sched_getaffinity(0)) - spare) // num_workers)
 
 
+def step_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of weights one decode step reads: every linear layer's, the LM head's (with tied
+    embeddings, the embedding's matrix), each matrix once; an embedding only gathers rows."""
+    seen: dict[int, int] = {}
+    for module in model.modules():
+        if isinstance(module, Linear):
+            w = module.weight
+            seen[w.data_ptr()] = w.numel() * w.element_size()
+    return sum(seen.values())
+
+
 class ModelRunner:
     """One tensor-parallel rank's share of the model (all of it without tensor parallelism).
     Rank 0 samples and tells the other ranks each step (`ShardStep`); they `follow` it."""
@@ -84,9 +97,14 @@ class ModelRunner:
         args = self.args = ModelArgs.from_hf(self.info.hf_config, self.info.architecture)
         self.kernels = select_kernels(config.attention_backend, self.device, self.info.dtype)
         self.attention_backend = "torch" if self.kernels is None else self.kernels.name
-        shape = ModelShape(self.info, args, self.max_model_len, tp, self.device, self.kernels)
+        self.quant_plan = plan_for(config.quantization, config.model)
+        shape = ModelShape(
+            self.info, args, self.max_model_len, tp, self.device, self.kernels, self.quant_plan
+        )
         self.weights = ServedWeights(shape, config.model, progress, config.allow_weight_cast)
         assert self.weights.model is not None
+        self.quantization = describe(self.weights.model, self.quant_plan)
+        self.step_weight_bytes = step_weight_bytes(self.weights.model)
         workers = config.data_parallel_size * config.tensor_parallel_size
         parameters = sum(p.numel() for p in self.weights.model.parameters())
         torch.set_num_threads(config.num_threads or default_num_threads(workers, parameters))

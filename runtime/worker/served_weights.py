@@ -23,9 +23,9 @@ from safetensors import safe_open
 from torch import nn
 
 from runtime.checkpoints.model_info import ModelInfo
-from runtime.kernels.select import Kernels, streamed_linear
+from runtime.kernels.select import Kernels, quant_kernels, streamed_linear
 from runtime.layers.basic import pack_linears_for_cpu
-from runtime.layers.parallel import Slot, TPGroup
+from runtime.layers.parallel import Slot, TPGroup, VocabParallelEmbedding
 from runtime.models import MODELS
 from runtime.models.llama import ModelArgs
 from runtime.worker.loader import (
@@ -37,6 +37,7 @@ from runtime.worker.loader import (
     install_tensors,
     load_weights,
 )
+from runtime.worker.quantization import QuantPlan
 
 TensorSpec = tuple[str, torch.dtype, tuple[int, ...]]  # name, dtype, shape
 RELEASED = "the weights are released: resume_memory_occupation first"
@@ -62,6 +63,7 @@ class ModelShape:
     tp: TPGroup
     device: torch.device
     kernels: Kernels | None
+    quantization: QuantPlan | None = None  # which matrices are kept as GGUF blocks
 
     def build(
         self,
@@ -74,7 +76,9 @@ class ModelShape:
         check_regular_files(model_dir)
         architecture = MODELS[self.info.architecture]
         model = architecture(self.args, self.info.hf_config, self.max_model_len, self.tp)
-        model.to(device=self.device, dtype=self.info.dtype)
+        if self.quantization is not None:
+            self.quantization.apply(model, self.info.dtype)
+        model.to(device=self.device, dtype=self.info.dtype)  # blocks stay uint8
         found = load_weights(model, model_dir, progress=progress, dtypes=dtypes)
         self.pack(model)
         return model.eval(), found
@@ -82,7 +86,11 @@ class ModelShape:
     def pack(self, model: nn.Module) -> None:
         """(Re)make the CPU kernels' packed copies of the linear layers' weights."""
         if self.device.type == "cpu":
-            pack_linears_for_cpu(model, streamed_linear(self.kernels))
+            kernels = quant_kernels(self.kernels)
+            pack_linears_for_cpu(model, streamed_linear(self.kernels), kernels)
+            for module in model.modules():
+                if isinstance(module, VocabParallelEmbedding):
+                    module.quant_kernels = kernels  # blocks' rows looked up by the kernel
 
 
 class ServedWeights:
