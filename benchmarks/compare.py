@@ -1,6 +1,10 @@
-"""Side by side on one workload: our server, vLLM's CPU build, and a transformers static batch.
+"""Side by side on one workload: our server, vLLM's CPU build, llama.cpp's server, and a
+transformers static batch.
 
     python -m benchmarks.compare --vllm-venv /work/vllm-venv --out-dir out/compare
+    python -m benchmarks.compare --model SMOLLM2_DIR --dtype float32 \
+        --vllm-venv /work/vllm-venv --llamacpp-venv /work/llamacpp-venv \
+        --variant "ours-gguf=--quantization gguf --model SMOLLM2.gguf"
 
 Every system serves the same checkpoint (default: the built-in model) in the same dtype; the
 load generator (`benchmarks/serve.py`) sends random-token prompts of `--input-len` tokens and
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import resource
 import shlex
 import time
@@ -84,6 +89,7 @@ def serve_run(
         warmup=0,
         vocab_size=args.vocab_size,
         seed=seed,
+        tokenizer=args.model if args.text_prompts else None,
     )
     phases_before = scrape_phases(server.url) if server.name == "ours" else {}
     cpu_before, client_before = server.cpu_by_process(), own_cpu()
@@ -195,6 +201,10 @@ def measure(
             running.append(
                 stack.enter_context(servers.vllm(args.vllm_venv, args.model, args.dtype, "tiny"))
             )
+        if args.llamacpp_venv:
+            threads = os.cpu_count() or 1
+            server = servers.llamacpp(args.llamacpp_venv, args.gguf, "tiny", threads)
+            running.append(stack.enter_context(server))
         for server in running:
             systems[server.name] = partial(serve_run, server, args)
         if not args.skip_hf:
@@ -356,8 +366,25 @@ def main() -> None:
         help="also serve ours with these environment variables and flags, e.g. "
         "threads2='--threads 2' or spin='OMP_WAIT_POLICY=ACTIVE --threads 2' (repeatable)",
     )
+    parser.add_argument(
+        "--llamacpp-venv",
+        help="a venv with llama-cpp-python[server] (else llama.cpp is skipped); it serves "
+        "--gguf, and every system is then sent text prompts",
+    )
+    parser.add_argument("--gguf", help="the GGUF file llama.cpp serves (default: SmolLM2's)")
+    parser.add_argument(
+        "--text-prompts",
+        action="store_true",
+        help="send prompts as text (random ids decoded by --model's tokenizer), not ids",
+    )
     parser.add_argument("--out-dir", default="out/compare")
     args = parser.parse_args()
+    if args.llamacpp_venv:
+        args.text_prompts = True
+        if args.gguf is None:
+            from runtime.checkpoints.default_model import default_model_file
+
+            args.gguf = str(default_model_file())
     if args.model is None:
         from runtime.checkpoints.builtin import builtin_model_dir
 

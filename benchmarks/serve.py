@@ -14,8 +14,10 @@ percentiles, request and output-token throughput, and errors; writes them as JSO
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
+import re
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -38,6 +40,9 @@ class Workload:
     warmup: int = 4
     vocab_size: int = 4000
     seed: int = 0
+    # prompts as text, decoded by this checkpoint's tokenizer (for servers that take no ids,
+    # such as llama-cpp-python's): each system re-tokenizes the same text
+    tokenizer: str | None = None
     api_key: str | None = None
 
 
@@ -46,11 +51,30 @@ def make_prompts(count: int, length: int, vocab_size: int, seed: int) -> list[li
     return [[rng.randrange(10, vocab_size) for _ in range(length)] for _ in range(count)]
 
 
-async def one_request(http: httpx.AsyncClient, w: Workload, prompt: list[int]) -> RequestRecord:
+# a streamed chunk with text, and the usage chunk, as any server spaces its JSON
+TEXT_CHUNK = re.compile(r'"text": ?"(?!")')
+USAGE_CHUNK = re.compile(r'"usage": ?\{')
+
+
+@functools.cache
+def _tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def as_text(prompts: list[list[int]], tokenizer: str) -> list[str]:
+    return [_tokenizer(tokenizer).decode(prompt) for prompt in prompts]
+
+
+async def one_request(
+    http: httpx.AsyncClient, w: Workload, prompt: list[int] | str
+) -> RequestRecord:
     body = {
         "model": w.model,
         "prompt": prompt,
         "max_tokens": w.output_len,
+        "min_tokens": w.output_len,  # where ignore_eos is not known (llama-cpp-python)
         "temperature": 0.0,
         "ignore_eos": True,
         "stream": True,
@@ -66,15 +90,17 @@ async def one_request(http: httpx.AsyncClient, w: Workload, prompt: list[int]) -
                 # Parse as little as possible: this process shares the machine with the server.
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                if '"usage":{' in line:
+                if USAGE_CHUNK.search(line):
                     record.output_tokens = json.loads(line[6:])["usage"]["completion_tokens"]
-                if '"text":"' in line and '"text":""' not in line:
+                elif TEXT_CHUNK.search(line):
                     now = time.perf_counter()
                     record.first_token = record.first_token or now
                     record.chunk_times.append(now)
     except (httpx.HTTPError, ValueError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
     record.end = time.perf_counter()
+    if not record.output_tokens:  # a server that sends no usage: one token per chunk
+        record.output_tokens = len(record.chunk_times)
     if record.error is None and record.output_tokens != w.output_len:
         record.error = f"got {record.output_tokens} tokens, wanted {w.output_len}"
     return record
@@ -83,7 +109,7 @@ async def one_request(http: httpx.AsyncClient, w: Workload, prompt: list[int]) -
 async def run_requests(
     http: httpx.AsyncClient,
     w: Workload,
-    prompts: list[list[int]],
+    prompts: list[list[int]] | list[str],
     rate: float | None,
     limit: int | None,
 ) -> list[RequestRecord]:
@@ -91,7 +117,7 @@ async def run_requests(
     limiter = trio.CapacityLimiter(limit or len(prompts) or 1)
     rng = random.Random(w.seed + 1)
 
-    async def run(prompt: list[int]) -> None:
+    async def run(prompt: list[int] | str) -> None:
         async with limiter:
             records.append(await one_request(http, w, prompt))
 
@@ -105,7 +131,10 @@ async def run_requests(
 
 async def benchmark(w: Workload) -> dict[str, Any]:
     """Run the workload; returns the summary (and the raw records)."""
+    prompts: list[list[int]] | list[str]
     prompts = make_prompts(w.warmup + w.num_prompts, w.input_len, w.vocab_size, w.seed)
+    if w.tokenizer is not None:
+        prompts = as_text(prompts, w.tokenizer)
     headers = {"Authorization": f"Bearer {w.api_key}"} if w.api_key else {}
     connections = max(w.concurrency or 0, 64) + w.warmup
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)

@@ -184,3 +184,14 @@ def vllm(venv: str, model: str, dtype: str, served: str) -> Server:
         served,
     ]
     return Server("vllm", command, port, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+
+
+def llamacpp(venv: str, gguf: str, served: str, threads: int) -> Server:
+    """llama.cpp's server as llama-cpp-python ships it, on a GGUF file as it is (its own
+    quantization). It runs one request at a time: others wait in line."""
+    port = free_port()
+    command = [str(Path(venv) / "bin" / "python"), "-m", "llama_cpp.server", "--model", gguf,
+               "--host", "127.0.0.1", "--port", str(port), "--model_alias", served,
+               "--n_ctx", "2048", "--n_threads", str(threads),
+               "--n_threads_batch", str(threads)]  # fmt: skip
+    return Server("llama.cpp", command, port)

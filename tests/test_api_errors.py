@@ -181,8 +181,8 @@ BAD_REQUESTS = [
             "tools": [{"type": "function"}],
         },
         400,
-        "tools",
-        "unsupported_parameter",
+        "tools[0].function",
+        "invalid_value",
     ),
     ("POST", "/generate", {"sampling_params": {}}, 400, "text", "unsupported_parameter"),
     (

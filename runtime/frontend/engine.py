@@ -260,10 +260,9 @@ class Engine(EngineClient):
         if self.ready is not None:  # what the actors run, read back from them
             w = self.ready.worker
             settings |= {"num_kv_blocks": w.num_kv_blocks, "dtype": w.dtype,
-                         "num_threads": w.num_threads,
+                         "num_threads": w.num_threads, "quantization": w.quantization,
                          "tensor_parallel_size": w.tensor_parallel_size,
                          "attention_backend": w.attention_backend,
-                         "quantization": w.quantization,
                          "step_weight_bytes": w.step_weight_bytes,
                          "max_steps_in_flight": self.ready.max_steps_in_flight}  # fmt: skip
         return settings
