@@ -221,7 +221,7 @@ def print_table(args: argparse.Namespace, results: dict[str, list[dict[str, Any]
         ratios = [
             f"ours/{name} {ours / levels[i]['output_throughput']:.2f}x"
             for name, levels in results.items()
-            if name != "ours"
+            if name != "ours" and levels[i]["output_throughput"] > 0
         ]
         print(f"{'':>4} {'':>12} throughput {', '.join(ratios)}")
 
@@ -339,12 +339,12 @@ def main() -> None:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results, footprint = measure(args)
-    print_table(args, results)
-    print_time_split(args, results)
-    print_footprint(footprint)
     (out / "compare.json").write_text(
         json.dumps({"args": vars(args), "results": results, "footprint": footprint}, indent=2)
     )
+    print_table(args, results)
+    print_time_split(args, results)
+    print_footprint(footprint)
     plot(args, results, out / "compare.png")
 
 
