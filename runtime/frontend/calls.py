@@ -8,6 +8,7 @@ waiting caller is woken and gets `EngineDeadError`.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 
 import trio
@@ -18,6 +19,11 @@ from runtime.wire.control import Control, ControlDone, ControlOp
 from runtime.wire.messages import Ping, Pong, Probe
 
 Answer = Pong | ControlDone
+# Seconds the scheduler gets to answer a probe of its own: it answers at once when alive.
+DIAGNOSE_TIMEOUT = 2.0
+# A step's output this recent proves both actors alive, so a health check needs no round
+# trip (which, queued behind a full batch's steps in flight, waits one or two steps).
+FRESH_OUTPUT = 1.0
 
 
 class Calls:
@@ -27,6 +33,7 @@ class Calls:
         self._answers: dict[int, Answer] = {}
         self._nonces = itertools.count()
         self._dead: BaseException | None = None
+        self._heard_at = -math.inf  # when a step's output last came
 
     async def control(self, op: ControlOp) -> tuple[float, ...]:
         """Apply a control op after everything queued so far: the values it read, or
@@ -43,6 +50,32 @@ class Calls:
         answer = await self._ask(Ping if through_worker else Probe)
         assert isinstance(answer, Pong)
         return answer
+
+    async def health(self, busy: str, outputs_prove_life: bool) -> str:
+        """Return once both actors answer (`busy`: the worker is loading weights, and the
+        scheduler answers for the engine), or at once after a fresh step output."""
+        if busy:
+            await self.ping(through_worker=False)
+            return busy
+        if not (outputs_prove_life and self.heard_within(FRESH_OUTPUT)):
+            await self.ping()
+        return ""
+
+    async def diagnose(self) -> str:
+        """Which actor is not answering, after a health check did not return in time."""
+        with trio.move_on_after(DIAGNOSE_TIMEOUT):
+            await self.ping(through_worker=False)
+            return "the worker is not answering (the scheduler is)"
+        return "the scheduler is not answering"
+
+    def heard(self) -> None:
+        """A step's output came: both actors were alive a moment ago."""
+        self._heard_at = trio.current_time()
+
+    def heard_within(self, seconds: float) -> bool:
+        """Whether a step's output came within `seconds` (EngineDeadError if it is dead)."""
+        self.check_alive()
+        return trio.current_time() - self._heard_at < seconds
 
     def check_alive(self) -> None:
         if self._dead is not None:

@@ -70,9 +70,6 @@ from runtime.wire.messages import (
 )
 from runtime.wire.transport import MessageChannel
 
-# Seconds the scheduler gets to answer a probe of its own: it answers at once when alive.
-DIAGNOSE_TIMEOUT = 2.0
-
 
 class Engine(EngineClient):
     """Requests, their text and the engine's statistics; its parts: `requests` (the open
@@ -238,19 +235,11 @@ class Engine(EngineClient):
         await self.requests.wait_none()
 
     async def check_health(self) -> str:
-        busy = self.control.busy
-        if busy:  # the worker is loading weights: the scheduler answers for the engine
-            await self._calls.ping(through_worker=False)
-            return busy
-        await self._calls.ping()
-        return ""
+        # with several groups, one group's output proves that group alone
+        return await self._calls.health(self.control.busy, self.config.data_parallel_size == 1)
 
     async def diagnose(self) -> str:
-        """Which actor is not answering, after a health check did not return in time."""
-        with trio.move_on_after(DIAGNOSE_TIMEOUT):
-            await self._calls.ping(through_worker=False)
-            return "the worker is not answering (the scheduler is)"
-        return "the scheduler is not answering"
+        return await self._calls.diagnose()
 
     def server_info(self) -> dict[str, Any]:
         settings = dataclasses.asdict(self.config)
@@ -262,9 +251,9 @@ class Engine(EngineClient):
             settings |= {"num_kv_blocks": w.num_kv_blocks, "dtype": w.dtype,
                          "num_threads": w.num_threads, "quantization": w.quantization,
                          "tensor_parallel_size": w.tensor_parallel_size,
-                         "attention_backend": w.attention_backend,
-                         "step_weight_bytes": w.step_weight_bytes,
-                         "max_steps_in_flight": self.ready.max_steps_in_flight}  # fmt: skip
+                         "attention_backend": w.attention_backend, "step_weight_bytes":
+                         w.step_weight_bytes, "max_steps_in_flight":
+                         self.ready.max_steps_in_flight}  # fmt: skip
         return settings
 
     def statistics(self) -> EngineStats:
@@ -381,6 +370,7 @@ class Engine(EngineClient):
             match msg:
                 case StepOutputs():
                     started = time.perf_counter()
+                    self._calls.heard()
                     self._scheduler_stats, self._worker_stats = msg.scheduler, msg.worker
                     dispatch(self.requests.streams, msg)
                     ended = time.perf_counter()
