@@ -3,36 +3,40 @@
 
 One chromium and one server (tiny llama, float32, with an API key) per module; each test has
 its own browser context, so its own storage. They skip where chromium is not installed
-(`apt-get install -y chromium`; .ci/run installs it).
+(`apt-get install -y chromium`; .ci/run installs it). The browser's helpers:
+tests/playground_page.py; the JSON-schema and tools boxes: tests/test_playground_tools.py.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.playground_page import (
+    Tab,
+    chat_stream,
+    chromium,
+    last_reply,
+    loads_shown,
+    models_listed,
+    open_tab,
+    send,
+    serve_stream,
+    set_field,
+)
 from tests.server_process import ServerProcess, metric, wait_until
-from tools.playground_screenshot import CHROMIUM, launch
 
 KEY = "playground-test-key"
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if not CHROMIUM.exists():
-        pytest.skip(f"no chromium at {CHROMIUM} (Debian: apt-get install -y chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev extra")
-    with sync_api.sync_playwright() as playwright:
-        chromium = launch(playwright)  # Debian's; `playwright install` is never run
-        yield chromium
-        chromium.close()
+    yield from chromium()
 
 
 @pytest.fixture(scope="module")
@@ -48,74 +52,12 @@ def server(
     assert proc.terminate() == 0, proc.log
 
 
-@dataclass
-class Tab:
-    """A page in a fresh browser context, with what its console reported and what it asked."""
-
-    page: Any
-    errors: list[str] = field(default_factory=list)
-    bodies: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (path, JSON)
-    urls: list[str] = field(default_factory=list)
-
-
-def open_tab(browser: Any, url: str, key: str | None) -> Tab:
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    if key is not None:  # as if typed earlier in this tab (sessionStorage)
-        context.add_init_script(f"sessionStorage.setItem('playground.apiKey', {json.dumps(key)})")
-    tab = Tab(context.new_page())
-    tab.page.on("console", lambda m: m.type == "error" and tab.errors.append(m.text))
-    tab.page.on("pageerror", lambda e: tab.errors.append(str(e)))
-    tab.page.on("request", lambda r: record(tab, r))
-    tab.page.goto(url + "/")
-    return tab
-
-
-def record(tab: Tab, request: Any) -> None:
-    tab.urls.append(request.url)
-    if request.method == "POST" and "/v1/" in request.url:
-        path = "/" + request.url.split("/", 3)[3]
-        tab.bodies.append((path, json.loads(request.post_data)))
-
-
 @pytest.fixture
 def tab(browser: Any, server: ServerProcess) -> Iterator[Tab]:
     opened = open_tab(browser, server.url, KEY)
     models_listed(opened.page)
     yield opened
     opened.page.context.close()
-
-
-def models_listed(page: Any) -> None:
-    page.wait_for_function("() => document.querySelector('#model').options.length > 0")
-
-
-def loads_shown(page: Any) -> None:
-    """The live panel has polled /v1/loads."""
-    page.wait_for_function("() => /^\\d+$/.test(document.getElementById('load-running').innerText)")
-
-
-def set_field(page: Any, selector: str, value: str | bool) -> None:
-    if isinstance(value, bool):
-        page.set_checked(selector, value)
-    else:
-        page.fill(selector, value)
-        page.dispatch_event(selector, "change")
-
-
-def send(page: Any, text: str) -> None:
-    """Type and send; returns once the new reply has ended."""
-    replies = page.locator(".msg.assistant").count()
-    page.fill("#input", text)
-    page.press("#input", "Enter")
-    page.wait_for_function(
-        "n => document.querySelectorAll('.msg.assistant').length > n"
-        " && !document.querySelector('.msg.streaming')",
-        arg=replies,
-    )
-
-
-def last_reply(page: Any) -> Any:
-    return page.locator(".msg.assistant").last
 
 
 def test_the_page_loads_without_console_errors(tab: Tab) -> None:
@@ -187,27 +129,19 @@ HOSTILE = [
 
 
 def hostile_stream() -> str:
-    """A chat stream we control: the text above, one chunk each, with a top alternative that is
-    markup too (the real tiny model cannot be made to say this)."""
-    head = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 0, "model": "tiny"}
-    events = [head | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]
+    """The text above, one chunk each, with a top alternative that is markup too."""
+    choices: list[dict[str, Any]] = []
     for piece in HOSTILE:
         top = [{"token": piece, "logprob": -0.1}, {"token": "<img src=y>", "logprob": -2.5}]
         entry = {"token": piece, "logprob": -0.1, "bytes": list(piece.encode())}
         entry["top_logprobs"] = top
-        delta = {"index": 0, "delta": {"content": piece}, "logprobs": {"content": [entry]}}
-        events.append(head | {"choices": [delta]})
-    events.append(head | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-    return "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        choices.append({"delta": {"content": piece}, "logprobs": {"content": [entry]}})
+    return chat_stream([*choices, {"delta": {}, "finish_reason": "stop"}])
 
 
 def test_model_output_is_shown_as_text_and_runs_nothing(tab: Tab) -> None:
     page = tab.page
-    stream = hostile_stream()
-    page.route(
-        "**/v1/chat/completions",
-        lambda route: route.fulfill(status=200, content_type="text/event-stream", body=stream),
-    )
+    serve_stream(page, hostile_stream())
     set_field(page, "[data-setting=logprobs]", True)  # first the per-token view
     send(page, "Say something nasty.")
     body = last_reply(page).locator(".body")
