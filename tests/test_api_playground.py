@@ -56,3 +56,18 @@ def test_docs_screenshot_is_committed() -> None:
     """The README shows docs/playground.png (written by tools/playground_screenshot.py)."""
     shot = Path(__file__).resolve().parents[1] / "docs" / "playground.png"
     assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_element_the_scripts_name_is_in_the_page() -> None:
+    """`$("id")` and getElementById("id") in the modules, and the JSON boxes with their error
+    lines (settings.js names those as `${name}-error`)."""
+    folder = files("api.playground")
+    html = folder.joinpath("index.html").read_text()
+    ids = set(re.findall(r'\sid="([\w-]+)"', html))
+    named = {"schema-error", "tools-error"}
+    for entry in folder.iterdir():
+        if entry.name.endswith(".js"):
+            named |= set(re.findall(r'(?:\$|getElementById)\("([\w-]+)"\)', entry.read_text()))
+    assert len(named) > 15 and named <= ids, named - ids
+    settings = set(re.findall(r'data-setting="(\w+)"', html))
+    assert {"schema", "tools", "tool_choice"} <= settings

@@ -1,4 +1,5 @@
-// The playground: conversations, sending, stopping, regenerating; the panels around them.
+// The playground: conversations, sending, stopping, regenerating, answering tool calls; the
+// panels around them.
 
 import { getJSON, streamEvents } from "./api.js";
 import { resumeLoads, startLoads } from "./loads.js";
@@ -8,9 +9,10 @@ import {
 import { Reply } from "./reply.js";
 import {
   apiKey, readSettings, rememberedKey, requestBody, restoreSettings, savedSettings,
-  saveSettings, setApiKey, setMode,
+  saveSettings, setApiKey, setMode, showBoxErrors,
 } from "./settings.js";
 import { loadConversations, newConversation, saveConversations, savedCurrent } from "./store.js";
+import { fillCalls, pendingCalls, resultsForm } from "./tools.js";
 
 const $ = (id) => document.getElementById(id);
 const PATHS = { chat: "v1/chat/completions", completion: "v1/completions" };
@@ -31,7 +33,10 @@ function notice(text) {
 
 function renderMessages() {
   const view = readSettings().logprobs;
-  const nodes = conversation().messages.map((m, i) => messageElement(m, i, view));
+  const messages = conversation().messages;
+  const nodes = messages.map((m, i) => messageElement(m, i, view));
+  const calls = pendingCalls(messages);
+  if (calls.length && !state.controller) nodes[nodes.length - 1].append(resultsForm(calls, answer));
   $("messages").replaceChildren(...nodes);
   $("messages").scrollTop = $("messages").scrollHeight;
 }
@@ -95,6 +100,7 @@ async function generate() {
   const draw = () => {
     drawing = false;
     fillBody(node.querySelector(".body"), reply.message, readSettings().logprobs);
+    fillCalls(node.querySelector(".calls"), reply.message.tool_calls);
     node.querySelector(".stats").textContent = statsText(reply.stats());
     $("messages").scrollTop = $("messages").scrollHeight;
   };
@@ -109,6 +115,7 @@ async function generate() {
     }
   } catch (err) {
     if (err.name === "AbortError") reply.finish = "stopped";
+    else if (err.status) reply.message.error = `The server answered ${err.status}: ${err.message}`;
     else reply.message.error = err.message;
   } finally {
     state.controller = null;
@@ -130,10 +137,26 @@ function send(text) {
   generate();
 }
 
+// The JSON boxes under Settings must parse before anything is sent.
+function ready() {
+  const error = showBoxErrors();
+  notice(error);
+  return !error;
+}
+
 function regenerate() {
+  if (!ready()) return;
   const messages = conversation().messages;
   if (messages.length && messages[messages.length - 1].role === "assistant") messages.pop();
-  if (messages.length && messages[messages.length - 1].role === "user") generate();
+  const last = messages.length ? messages[messages.length - 1].role : null;
+  if (last === "user" || last === "tool") generate();
+}
+
+// The results typed for the last reply's tool calls, as tool messages; then the next reply.
+function answer(results) {
+  if (state.controller || !ready()) return;
+  conversation().messages.push(...results);
+  generate();
 }
 
 // The last message of yours back into the box, and what came after it gone.
@@ -166,7 +189,7 @@ function hookComposer() {
   $("composer").addEventListener("submit", (event) => {
     event.preventDefault();
     const text = $("input").value.trim();
-    if (!text || state.controller) return;
+    if (!text || state.controller || !ready()) return;
     $("input").value = "";
     send(text);
   });
@@ -194,6 +217,9 @@ function hookSettings() {
     saveSettings();
     if (event.target.dataset.setting === "logprobs") renderMessages();
   });
+  $("settings").addEventListener("input", (event) => {
+    if (event.target === $("schema") || event.target === $("tools")) showBoxErrors();
+  });
   const keyChanged = () => {
     setApiKey($("api-key").value.trim(), $("remember-key").checked);
     loadModels();
@@ -219,6 +245,7 @@ function hookTokenTips() {
 
 function start() {
   restoreSettings();
+  showBoxErrors();
   $("api-key").value = apiKey();
   $("remember-key").checked = rememberedKey();
   state.conversations = loadConversations();

@@ -2,7 +2,11 @@
 // through textContent or a text node. The one bit of markup, ``` fences, becomes <pre> elements
 // made here whose content is again set as text; nothing is ever parsed as HTML.
 
-const ROLES = { user: "you", assistant: "model", prompt: "prompt", completion: "completion" };
+import { fillCalls } from "./tools.js";
+
+const ROLES = {
+  user: "you", assistant: "model", tool: "tool result", prompt: "prompt", completion: "completion",
+};
 
 function element(tag, className, text) {
   const node = document.createElement(tag);
@@ -61,9 +65,13 @@ export function messageElement(message, index, tokenView) {
   node.dataset.index = String(index);
   const body = element("div", "body");
   fillBody(body, message, tokenView);
+  const calls = element("div", "calls");
+  fillCalls(calls, message.tool_calls);
   const stats = element("div", message.error ? "stats error" : "stats");
   stats.textContent = message.error || statsText(message.stats);
-  node.append(element("div", "role", ROLES[message.role] || message.role), body, stats);
+  const role = ROLES[message.role] || message.role;
+  const of = message.role === "tool" && message.name ? ` · ${message.name}` : "";
+  node.append(element("div", "role", role + of), body, calls, stats);
   return node;
 }
 

@@ -1,4 +1,7 @@
-// One reply as it streams in: its text, its tokens with their log-probabilities, its figures.
+// One reply as it streams in: its text, its tokens with their log-probabilities, its tool
+// calls, its figures.
+
+import { absorbToolCalls } from "./tools.js";
 
 // Tokens of a chat chunk's `logprobs.content`. A token's own text is "" where it holds only
 // part of a character; its bytes, decoded in order, give each token the characters it ends.
@@ -30,7 +33,7 @@ export class Reply {
     this.started = performance.now();
     this.first = null;  // when the first text came
     this.last = null;
-    this.pieces = 0;  // chunks that carried text: the token count when nothing better is known
+    this.pieces = 0;  // chunks that carried text or calls: the count when nothing better is known
     this.usage = null;  // the server's count, from the last chunk (stream_options.include_usage)
     this.finish = null;
     this.decoder = new TextDecoder();
@@ -46,7 +49,8 @@ export class Reply {
     const tokens = chat
       ? chatTokens(choice.logprobs, this.decoder)
       : completionTokens(choice.logprobs);
-    if (text || tokens.length) {
+    const calls = chat && choice.delta && choice.delta.tool_calls;
+    if (text || tokens.length || calls) {
       const now = performance.now();
       if (this.first === null) this.first = now;
       this.last = now;
@@ -54,6 +58,7 @@ export class Reply {
     }
     if (text) this.message.content += text;
     if (this.message.tokens) this.message.tokens.push(...tokens);
+    if (calls) absorbToolCalls((this.message.tool_calls ??= []), calls);
     if (choice.finish_reason) this.finish = choice.finish_reason;
   }
 

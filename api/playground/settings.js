@@ -1,5 +1,7 @@
 // The settings panel: kept in localStorage (all but the API key), read into request bodies.
 
+import { sentMessages } from "./tools.js";
+
 const SETTINGS = "playground.settings";
 const KEY = "playground.apiKey";
 // Sent as numbers when set; an empty field leaves the server's default.
@@ -59,7 +61,7 @@ export function restoreSettings() {
   const saved = savedSettings();
   for (const field of fields()) {
     const value = saved[field.dataset.setting];
-    if (value === undefined || field.tagName === "SELECT") continue;
+    if (value === undefined || field.id === "model") continue;
     if (field.type === "checkbox") field.checked = Boolean(value);
     else field.value = value;
   }
@@ -74,10 +76,53 @@ function stopStrings(text) {
   return text.split("\n").filter((line) => line !== "").map((line) => line.replace(/\\n/g, "\n"));
 }
 
-// The body of a streaming request: `history` is [{role, content}], its last entry the user's.
+const isObject = (value) => value !== null && typeof value === "object" && !Array.isArray(value);
+
+// A JSON box: empty is off (null); text that is not JSON, or not what `check` wants, is an error.
+function parsed(text, check, wanted) {
+  if (!text.trim()) return { value: null, error: "" };
+  let value;
+  try {
+    value = JSON.parse(text);
+  } catch (err) {
+    return { value: null, error: `not JSON (${err.message})` };
+  }
+  return check(value) ? { value, error: "" } : { value: null, error: `not ${wanted}` };
+}
+
+// The JSON-schema box (response_format) and the tools box, read and checked.
+export function jsonBoxes(s = readSettings()) {
+  return {
+    schema: parsed(s.schema || "", isObject, "a JSON object (a schema)"),
+    tools: parsed(s.tools || "", (v) => Array.isArray(v) && v.every(isObject),
+      "a JSON array of tools"),
+  };
+}
+
+// Each box's error shown beside it; returns the first, or "" when both are fine.
+export function showBoxErrors() {
+  const boxes = jsonBoxes();
+  const names = { schema: "the JSON-schema box", tools: "the tools box" };
+  let first = "";
+  for (const [name, { error }] of Object.entries(boxes)) {
+    const shown = document.getElementById(`${name}-error`);
+    shown.textContent = error && `${error[0].toUpperCase()}${error.slice(1)}.`;
+    shown.hidden = !error;
+    if (error && !first) first = `Not sent: ${names[name]} under Settings is ${error}.`;
+  }
+  return first;
+}
+
+// The body of a streaming request: `history` is the conversation's messages, its last entry
+// the user's (or the results of the tool calls before it).
 export function requestBody(mode, history) {
   const s = readSettings();
   const body = { model: s.model, stream: true, stream_options: { include_usage: true } };
+  const { schema, tools } = jsonBoxes(s);
+  if (schema.value) {
+    const format = { name: "playground", schema: schema.value, strict: true };
+    body.response_format = { type: "json_schema", json_schema: format };
+  }
   for (const name of NUMBERS) {
     if (s[name] !== "" && s[name] !== undefined) body[name] = Number(s[name]);
   }
@@ -90,8 +135,11 @@ export function requestBody(mode, history) {
     return body;
   }
   const system = s.system ? [{ role: "system", content: s.system }] : [];
-  const said = history.filter((m) => !m.error).map(({ role, content }) => ({ role, content }));
-  body.messages = [...system, ...said];
+  body.messages = [...system, ...sentMessages(history)];
+  if (tools.value && tools.value.length) {
+    body.tools = tools.value;
+    body.tool_choice = s.tool_choice || "auto";
+  }
   if (s.logprobs) Object.assign(body, { logprobs: true, top_logprobs: top });
   return body;
 }
