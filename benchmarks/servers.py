@@ -188,10 +188,11 @@ def vllm(venv: str, model: str, dtype: str, served: str) -> Server:
 
 def llamacpp(venv: str, gguf: str, served: str, threads: int) -> Server:
     """llama.cpp's server as llama-cpp-python ships it, on a GGUF file as it is (its own
-    quantization). It runs one request at a time: others wait in line."""
+    quantization). It runs one request at a time: others wait in line (by default a new
+    request would cut the running one short: `--interrupt_requests False`)."""
     port = free_port()
     command = [str(Path(venv) / "bin" / "python"), "-m", "llama_cpp.server", "--model", gguf,
                "--host", "127.0.0.1", "--port", str(port), "--model_alias", served,
                "--n_ctx", "2048", "--n_threads", str(threads),
-               "--n_threads_batch", str(threads)]  # fmt: skip
+               "--n_threads_batch", str(threads), "--interrupt_requests", "False"]  # fmt: skip
     return Server("llama.cpp", command, port)
