@@ -15,14 +15,13 @@ from typing import Any
 import llguidance
 from llguidance import LLMatcher, LLParserLimits, LLTokenizer, StructTag
 
-from runtime.config.constraint import Constraint, close_objects
+from runtime.config.constraint import MAX_SCHEMA_DEPTH, Constraint, check_depth, close_objects
 
 # Between JSON tokens: 1 to 16 whitespace characters (or none). llguidance's default,
 # `[\x20\x0A\x0D\x09]+`, is unbounded, and a small model at temperature 0 can fill its
 # max_tokens with newlines there (vllm#38696, xgrammar#412, sglang#8250). 16 still allows a
 # newline and the indentation of pretty-printed JSON seven levels deep.
 BOUNDED_WHITESPACE = r"[\x20\x0A\x0D\x09]{1,16}"
-MAX_SCHEMA_DEPTH = 64  # nested objects/arrays in a schema's JSON text
 MAX_ERROR_CHARS = 500  # of llguidance's message, in the 400 that quotes it
 # llguidance's defaults, but for two: its lexer may build at most 50,000 states (each 1-2 kB;
 # the default, 250,000, lets one regex claim 500 MB in each process that compiles it), and
@@ -100,7 +99,7 @@ def _json_grammar(constraint: Constraint) -> str:
         schema = _load(constraint.source, "not valid JSON")
         if not isinstance(schema, dict | bool):
             raise ValueError("a JSON schema is an object (or true, or false)")
-        _check_depth(schema)
+        check_depth(schema)
         if constraint.strict:
             close_objects(schema)
     options: dict[str, Any] = {"whitespace_pattern": constraint.whitespace_pattern}
@@ -120,18 +119,6 @@ def _load(text: str, what: str) -> Any:
         raise ValueError(f"nested deeper than {MAX_SCHEMA_DEPTH} levels") from None
     except ValueError as exc:
         raise ValueError(f"{what}: {exc}") from None
-
-
-def _check_depth(value: Any) -> None:
-    """Refuse a schema nested deeper than MAX_SCHEMA_DEPTH (iteratively: no recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_SCHEMA_DEPTH:
-            raise ValueError(f"nested deeper than {MAX_SCHEMA_DEPTH} levels")
-        children = item.values() if isinstance(item, dict) else item
-        if isinstance(item, dict | list):
-            stack.extend((child, depth + 1) for child in children)
 
 
 def _choices(source: str) -> list[str]:
@@ -161,7 +148,7 @@ def _structural_tag_grammar(source: str) -> str:
         schema = s.get("schema", {})
         if not isinstance(schema, dict):
             raise ValueError("a structure's schema is a JSON schema object")
-        _check_depth(schema)
+        check_depth(schema)
         tags.append(StructTag(trigger=trigger, begin=s["begin"], grammar=schema, end=s["end"]))
     # with JSON schemas only, a Lark grammar (side grammars come with Lark ones alone)
     return LLMatcher.grammar_from_lark(StructTag.to_grammar(tags))

@@ -235,3 +235,21 @@ async def test_auto_needs_the_flags(client: QuartClient, engine: FakeEngine) -> 
     assert status == 200 and body["choices"][0]["finish_reason"] == "tool_calls"
     status, body = await chat(client, tool_choice="none")
     assert status == 200
+
+
+@pytest.mark.parametrize("choice", ["required", "auto"])
+async def test_parameters_nested_too_deeply_are_a_400(
+    tool_client: QuartClient, choice: str
+) -> None:
+    """A schema nested hundreds of levels deep (the JSON parser allows ~1000) is refused
+    before anything walks it recursively: it was a 500 (RecursionError)."""
+    parameters: dict[str, Any] = {}
+    for _ in range(450):
+        parameters = {"type": "object", "properties": {"a": parameters}}
+    tool = {"type": "function", "function": {"name": "f", "strict": True, "parameters": parameters}}
+    status, body = await chat(tool_client, tools=[tool], tool_choice=choice)
+    assert status == 400, body
+    assert "nested deeper" in body["error"]["message"]
+    assert body["error"]["param"] == "tools[0].function.parameters"
+    status, _ = await chat(tool_client)  # and it goes on serving
+    assert status == 200

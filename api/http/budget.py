@@ -32,7 +32,8 @@ from werkzeug.datastructures import Headers
 from api.http.errors import APIError
 
 SMALL = 64 * 2**10  # sampling fields with every list at its cap fit in it
-BYTES_PER_TOKEN = 16  # a token id is at most 8 ("151642, "); text escaped as \uXXXX, 16
+# a token id is at most 8 bytes ("151642, "); text escaped as \u and four hex digits, 16
+BYTES_PER_TOKEN = 16
 DEFAULT_MAX_BODY = 2**20
 PROMPT_ROUTES = frozenset(
     {"/v1/completions", "/v1/chat/completions", "/generate", "/generate/", "/chat/", "/tokenize",

@@ -12,6 +12,7 @@ from pydantic import Field, field_validator
 
 from api.http.errors import APIError
 from api.http.fields import Body
+from runtime.protocol import check_depth
 
 MAX_TOOLS = 128  # OpenAI's limit
 MAX_CALLS = 128  # calls in one assistant message of the history
@@ -25,6 +26,12 @@ class FunctionDefinition(Body):
     description: Annotated[str, Field(max_length=64 * 1024)] | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema; none: no parameters
     strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _not_too_deep(cls, parameters: dict[str, Any] | None) -> dict[str, Any] | None:
+        check_depth(parameters)  # before anything walks it recursively
+        return parameters
 
 
 class Tool(Body):

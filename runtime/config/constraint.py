@@ -88,3 +88,18 @@ def close_objects(schema: Any) -> None:
             "properties" in schema or "patternProperties" in schema
         ):
             schema["additionalProperties"] = False
+
+
+MAX_SCHEMA_DEPTH = 64  # nested objects/arrays in a schema's JSON text
+
+
+def check_depth(value: Any) -> None:
+    """Refuse a schema nested deeper than MAX_SCHEMA_DEPTH (iteratively: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_SCHEMA_DEPTH} levels")
+        children = item.values() if isinstance(item, dict) else item
+        if isinstance(item, dict | list):
+            stack.extend((child, depth + 1) for child in children)

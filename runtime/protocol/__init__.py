@@ -7,7 +7,7 @@ so its tests drive it with small fakes, and another engine could stand in.
 (`runtime.frontend.engine.Engine`) implements them.
 """
 
-from runtime.config.constraint import Constraint, close_objects
+from runtime.config.constraint import Constraint, check_depth, close_objects
 from runtime.config.errors import FieldError
 from runtime.config.pooling import POOLING_TYPES, PoolingParams
 from runtime.config.sampling import SamplingParams
@@ -57,5 +57,6 @@ __all__ = [
     "TopLogprobs",
     "WeightsClient",
     "WorkerStats",
+    "check_depth",
     "close_objects",
 ]
