@@ -16,7 +16,9 @@ chat of too many messages, a /detokenize of a context of ids, echo with log-prob
 over many prompts (a large answer, sent in pieces), a streamed /generate with
 log-probabilities, half a request left hanging, and bursts of silent sockets.
 
-Meanwhile a prober asks GET /health every 100 ms on a connection of its own. Prints requests
+Meanwhile a prober in a process of its own (as a liveness probe is: the load generator's own
+event loop must not add to its figures) asks GET /health every 100 ms on a connection of its
+own. Prints requests
 by kind and outcome, answers by status class (5xx must be 0), wrong answers, /health's
 latency (p50, p99, max; the target is p99 under 100 ms), the RSS of each process, the API's
 open file descriptors and the KV cache in use before and after, RSS along the way (a leak
@@ -29,11 +31,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import random
 import re
 import time
 from collections import Counter
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import httpx
@@ -98,21 +103,11 @@ class Soak:
         self.wrong: list[str] = []
         self.trail: list[tuple[int, dict[str, float]]] = []  # (requests started, RSS by process)
         self.statuses: Counter[str] = Counter()  # answers by status class: "2xx", "4xx"...
-        self.health: list[float] = []  # seconds each /health took
+        self.health: list[float] = []  # seconds each /health took (from the prober)
         self.context = 0  # the model's, in tokens (from /v1/models)
 
     async def count_status(self, response: httpx.Response) -> None:
         self.statuses[f"{response.status_code // 100}xx"] += 1
-
-    async def probe_health(self) -> None:
-        """GET /health every PROBE_INTERVAL on a connection of its own, timed."""
-        async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
-            while True:
-                started = time.perf_counter()
-                response = await http.get("/health")
-                self.health.append(time.perf_counter() - started)
-                await self.count_status(response)
-                await trio.sleep(PROBE_INTERVAL)
 
     async def one(self, http: httpx.AsyncClient, i: int) -> None:
         kind = self.rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
@@ -274,14 +269,44 @@ async def soak(url: str, pid: int, args: argparse.Namespace, expected: dict[str,
             ) as http,
             trio.open_nursery() as nursery,
         ):  # fmt: skip
-            nursery.start_soon(run.probe_health)
             for i in range(args.requests):
                 if i % every == 0 or time.monotonic() >= next_trail:
                     run.trail.append((i, rss_by_process(pid)))
                     next_trail = time.monotonic() + trail_every
                 await limiter.acquire_on_behalf_of(i)
                 nursery.start_soon(release_after, limiter, i, run.one, http, i)
-            nursery.cancel_scope.cancel()  # the prober
+    return run
+
+
+def probe_health(url: str, stop: Event, results: Connection) -> None:
+    """GET /health every PROBE_INTERVAL on a connection of its own, timed; in a process of
+    its own, so the load generator's loop never delays a probe. Sends the seconds each took,
+    and the status classes, when `stop` is set."""
+    latencies: list[float] = []
+    statuses: Counter[str] = Counter()
+    with httpx.Client(base_url=url, timeout=30) as http:
+        while not stop.wait(PROBE_INTERVAL):
+            started = time.perf_counter()
+            response = http.get("/health")
+            latencies.append(time.perf_counter() - started)
+            statuses[f"{response.status_code // 100}xx"] += 1
+    results.send((latencies, dict(statuses)))
+
+
+def soak_with_prober(
+    url: str, pid: int, args: argparse.Namespace, expected: dict[str, str]
+) -> Soak:
+    context = multiprocessing.get_context("spawn")
+    stop, (receive, send) = context.Event(), context.Pipe(duplex=False)
+    prober = context.Process(target=probe_health, args=(url, stop, send), daemon=True)
+    prober.start()
+    try:
+        run = trio.run(soak, url, pid, args, expected)
+    finally:
+        stop.set()
+    run.health, statuses = receive.recv()
+    prober.join()
+    run.statuses.update(statuses)
     return run
 
 
@@ -313,7 +338,7 @@ def main() -> None:
         expected = trio.run(quiet_run, server.url)
         before = snapshot(pid, server.url)
         started = time.monotonic()
-        run = trio.run(soak, server.url, pid, args, expected)
+        run = soak_with_prober(server.url, pid, args, expected)
         elapsed = time.monotonic() - started
         time.sleep(3.0)  # let aborted requests and closed sockets settle
         after = snapshot(pid, server.url)
