@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -133,6 +134,17 @@ def machine_limits(threads: int) -> tuple[float, float]:
     return flops, bandwidth
 
 
+def in_own_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` in a thread that then ends, taking its OpenMP pool with it: a second pool
+    that lives on makes libgomp put the worker's threads to sleep between kernels
+    (runtime/worker/torch_thread.py), which would slow the engine under measurement."""
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(fn(*args)))
+    thread.start()
+    thread.join()
+    return results[0]
+
+
 async def decode_steps(engine: Any, batch: int, prompt_len: int, output_len: int) -> int:
     """`batch` greedy requests of `output_len` tokens; the steps it took."""
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
@@ -179,7 +191,7 @@ async def worker_view(args: argparse.Namespace) -> None:
             ran = engine.ready
             assert ran is not None
             threads = ran.worker.num_threads
-            LIMITS[:] = limits = machine_limits(threads)
+            LIMITS[:] = limits = in_own_thread(machine_limits, threads)
             print(f"model={args.model} dtype={ran.worker.dtype} threads={threads} "
                   f"attention={ran.worker.attention_backend} "
                   f"quantization={ran.worker.quantization}")  # fmt: skip

@@ -29,6 +29,7 @@ from runtime.worker.control import WorkerControl
 from runtime.worker.model_runner import ModelRunner, StepOutcome
 from runtime.worker.profiler import WorkerProfiler
 from runtime.worker.shard_follower import start_rank
+from runtime.worker.torch_thread import TorchThread
 
 
 def return_freed_memory() -> None:
@@ -55,10 +56,7 @@ class WorkerActor:
         self.progress = progress
         self.tp_store = tp_store
         self.name = actor_name("worker", dp_rank, config.data_parallel_size)
-        # In its own process the worker has nothing else to do while the model runs, so it
-        # runs it inline; sharing a trio loop with other actors, it runs it in one thread.
-        self.inline = config.mode == "process"
-        self._torch_thread = trio.CapacityLimiter(1)
+        self._torch: TorchThread | None = None  # all its torch work: see torch_thread.py
         self._stats = WorkerStats()
 
     def statistics(self) -> WorkerStats:
@@ -82,7 +80,16 @@ class WorkerActor:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Load the model, report `WorkerReady`, then serve steps until cancelled."""
-        runner = await trio.to_thread.run_sync(self._build_runner, limiter=self._torch_thread)
+        self._torch = TorchThread(f"{self.name}-torch")
+        try:
+            await self._load_and_serve(scheduler, task_status)
+        finally:
+            self._torch.close()
+
+    async def _load_and_serve(
+        self, scheduler: MessageChannel, task_status: trio.TaskStatus[None]
+    ) -> None:
+        runner = await self.torch.run(self._build_runner)
         gc.collect()
         gc.freeze()  # the model's objects live forever: keep them out of every GC pass
         ready = WorkerReady(
@@ -104,6 +111,11 @@ class WorkerActor:
             finally:
                 control.close()
                 self._stop_other_ranks(runner)
+
+    @property
+    def torch(self) -> TorchThread:
+        assert self._torch is not None, "the worker is not running"
+        return self._torch
 
     def _build_runner(self) -> ModelRunner:
         if self.config.tensor_parallel_size == 1:
@@ -174,12 +186,13 @@ class WorkerActor:
                     tp_group.send_message(control.tp, op)
                 return control.apply(op)
 
-            error, values = await trio.to_thread.run_sync(
-                on_every_rank,
-                limiter=None if op.runs is Runs.BESIDE_STEPS else self._torch_thread,
-                abandon_on_cancel=op.waits_on_outside,  # a trainer that never comes must
-                # not stall shutdown
-            )
+            # a trainer that never comes must not stall shutdown
+            abandon = op.waits_on_outside
+            if op.runs is Runs.BESIDE_STEPS:
+                run_beside = trio.to_thread.run_sync
+                error, values = await run_beside(on_every_rank, abandon_on_cancel=abandon)
+            else:
+                error, values = await self.torch.run(on_every_rank, abandon_on_cancel=abandon)
             await self._collect_garbage()  # the op may have dropped tensors
         await scheduler.send(ControlDone(nonce, error, values))
 
@@ -190,12 +203,10 @@ class WorkerActor:
         gc.unfreeze()
         gc.collect()
         gc.freeze()
-        await trio.to_thread.run_sync(return_freed_memory, limiter=self._torch_thread)
+        await self.torch.run(return_freed_memory)
 
     async def _execute(self, runner: ModelRunner, plan: StepPlan) -> StepOutcome:
-        if self.inline:
-            return runner.execute(plan)
-        return await trio.to_thread.run_sync(runner.execute, plan, limiter=self._torch_thread)
+        return await self.torch.run(runner.execute, plan)
 
     def _count(self, outcome: StepOutcome, idle: float, communicated: float) -> None:
         s = self._stats
