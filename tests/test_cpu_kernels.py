@@ -16,7 +16,7 @@ from transformers import PretrainedConfig
 
 from runtime.kernels.cpu import CpuKernels, KernelError, load_cpu_kernels
 from runtime.kernels.cpu_build import FLAGS, SOURCES
-from runtime.layers.basic import STREAMED_ROWS, Linear, RMSNorm
+from runtime.layers.basic import PACKED_STREAMED_ROWS, STREAMED_ROWS, Linear, RMSNorm
 from runtime.layers.rotary import RotaryEmbedding, apply_rope_
 from runtime.worker.sampler import choose, make_sampling_batch
 from tests.kernel_cases import (
@@ -220,16 +220,22 @@ def test_decode_rows_stream_and_float32_prefills_go_to_blas() -> None:
         return load_cpu_kernels().linear(x, w, b)
 
     layer = Linear(64, 32, bias=True)
+    layer.pack_for_cpu(None)
+    assert layer.packed is None  # without the CPU kernels float32 stays torch's reference
     layer.pack_for_cpu(streamed)
+    # float32 is packed for oneDNN wherever torch has it: then only the smallest steps stream
+    streams_up_to = STREAMED_ROWS if layer.packed is None else PACKED_STREAMED_ROWS
     with torch.no_grad():
-        for rows in (1, STREAMED_ROWS, STREAMED_ROWS + 1):
+        for rows in (1, PACKED_STREAMED_ROWS + 1, STREAMED_ROWS, STREAMED_ROWS + 1):
             x = torch.randn(rows, 64)
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
-        assert rows_streamed == [1, STREAMED_ROWS]
+        sizes = [1, PACKED_STREAMED_ROWS + 1, STREAMED_ROWS]
+        assert rows_streamed == [r for r in sizes if r <= streams_up_to]
+        rows_streamed.clear()
         layer.to(torch.bfloat16).pack_for_cpu(streamed)
         layer(torch.randn(STREAMED_ROWS + 1, 64, dtype=torch.bfloat16))
     # bf16 prefills too, unless oneDNN took the weight (it has a bf16 path on this CPU)
-    assert rows_streamed[2:] == ([] if layer.packed is not None else [STREAMED_ROWS + 1])
+    assert rows_streamed == ([] if layer.packed is not None else [STREAMED_ROWS + 1])
 
 
 def test_linear_is_the_same_on_one_thread_and_two() -> None:

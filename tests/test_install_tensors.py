@@ -1,5 +1,5 @@
 """Installing named tensors over a served model (update_weights_from_tensor / _distributed's
-worker side): all checked before any is copied, and the bf16 CPU path's packed weights follow."""
+worker side): all checked before any is copied, and the CPU path's packed weights follow."""
 
 from __future__ import annotations
 
@@ -16,24 +16,28 @@ from runtime.worker.loader import CheckpointError, install_tensors
 from runtime.worker.model_runner import ModelRunner
 
 
-def runner_for(model_dir: Path) -> ModelRunner:
-    return ModelRunner(EngineConfig(model=str(model_dir), mode="inproc", dtype="bfloat16"))
+def runner_for(model_dir: Path, dtype: str = "bfloat16") -> ModelRunner:
+    return ModelRunner(EngineConfig(model=str(model_dir), mode="inproc", dtype=dtype))
 
 
 def linear_outputs(runner: ModelRunner) -> dict[str, torch.Tensor]:
-    """Every linear layer's output for one fixed input: what the packed weights compute."""
+    """Every linear layer's output for one fixed input (8 rows: a prefill's, which the packed
+    weights compute in either dtype)."""
     assert runner.weights.model is not None
     outputs = {}
     for name, module in runner.weights.model.named_modules():
         if isinstance(module, Linear):
-            x = torch.ones(2, module.in_features, dtype=torch.bfloat16)
+            x = torch.ones(8, module.in_features, dtype=module.weight.dtype)
             outputs[name] = module(x)
     return outputs
 
 
-def test_installed_weights_serve_as_a_fresh_load(llama_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_installed_weights_serve_as_a_fresh_load(
+    llama_dir: Path, tmp_path: Path, dtype: str
+) -> None:
     other = make_tiny_model(tmp_path / "seed3", "llama", seed=3)
-    runner, fresh = runner_for(llama_dir), runner_for(other)
+    runner, fresh = runner_for(llama_dir, dtype), runner_for(other, dtype)
     assert runner.weights.install_file(str(other / "model.safetensors")) == ""
     expected = linear_outputs(fresh)
     for name, output in linear_outputs(runner).items():

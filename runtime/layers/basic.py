@@ -51,14 +51,21 @@ class RMSNorm(nn.Module):
 # runs near the machine's peak. bfloat16 rows all go to it where nothing is packed for oneDNN:
 # torch's own bfloat16 GEMM on plain AVX2 ran 4-6x slower than the kernel at every size.
 STREAMED_ROWS = 32
+# where a float32 weight is packed for oneDNN, only this many rows still stream: beyond, the
+# packed GEMM is faster (AMD EPYC with AVX-512, 2 threads, SmolLM2's 120 layer matrices from
+# memory: 1 row 13.2 ms streamed against 19.0 packed, 4 rows 15.8 against 14.6, 32 rows 47.6
+# against 40.6; and 224 GFLOP/s for a 512-row prefill where MKL's sgemm ran 182-206)
+PACKED_STREAMED_ROWS = 2
 
 
 class Linear(nn.Linear):
     """nn.Linear that, on CPU, hands a decode step's few rows to a kernel that streams the
     weight once (BLAS copies it into its own layout on every call), and can hand its weight
     to oneDNN pre-packed, once (as torch.compile's CPU backend does): bf16 GEMMs of our sizes
-    run 15-45% faster that way, with identical results. Or its weight is kept as GGUF blocks
-    (`quantize_`), which runtime/layers/quantized.py multiplies.
+    run 15-45% faster that way, with identical results, and float32 ones 10-50% faster than
+    MKL's sgemm, which packs the weight again on every call (results differ from it in the
+    last bits, as two BLAS libraries' do). Or its weight is kept as GGUF blocks (`quantize_`),
+    which runtime/layers/quantized.py multiplies.
     """
 
     packed: torch.Tensor | None = None
@@ -77,21 +84,23 @@ class Linear(nn.Linear):
         batch_hint: int = 32,
         quant_kernels: QuantKernels | None = None,
     ) -> None:
-        """Pack the weight (bf16 on CPU only: for fp32 the results would differ slightly;
-        and only where oneDNN has a bf16 path: AVX-512 or AVX-NE-CONVERT, not plain AVX2).
-        Where nothing is packed, a decode step's rows (bf16: all rows) go to `streamed`;
-        blocks go to `quant_kernels`."""
+        """Pack the weight for oneDNN on CPU: bf16 where oneDNN has a bf16 path (AVX-512 or
+        AVX-NE-CONVERT, not plain AVX2), float32 with the CPU kernels only (without them the
+        layers stay torch's reference path). Where nothing is packed, a decode step's rows
+        (bf16: all rows) go to `streamed`; float32 packed, a step of one or two rows does.
+        Blocks go to `quant_kernels`."""
         self.packed = None
         self.quant_kernels = quant_kernels
-        if (
-            self.quant is None
-            and self.weight.device.type == "cpu"
-            and self.weight.dtype == torch.bfloat16
-            and torch.backends.mkldnn.is_available()
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-        ):
+        if self.quant is None and self.weight.device.type == "cpu" and self._packs(streamed):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), batch_hint)
         self.streamed = streamed if self.weight.device.type == "cpu" else None
+
+    def _packs(self, streamed: StreamedLinear | None) -> bool:
+        if not torch.backends.mkldnn.is_available():
+            return False
+        if self.weight.dtype == torch.bfloat16:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return self.weight.dtype == torch.float32 and streamed is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.product(x, self.bias)
@@ -99,19 +108,18 @@ class Linear(nn.Linear):
     def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.quant is not None:
             return quantized_linear(x, self.weight, self.quant, bias, self.quant_kernels)
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
         if self.streamed is not None and self._streams(x):
             return self.streamed(x, self.weight, bias)
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
         return F.linear(x, self.weight, bias)
 
     def _streams(self, x: torch.Tensor) -> bool:
-        return (
-            x.dim() == 2
-            and (x.shape[0] <= STREAMED_ROWS or x.dtype == torch.bfloat16)
-            and x.is_contiguous()
-            and x.dtype == self.weight.dtype
-        )
+        if x.dim() != 2 or not x.is_contiguous() or x.dtype != self.weight.dtype:
+            return False
+        if self.packed is not None:  # bf16 packed: every row to oneDNN
+            return x.dtype == torch.float32 and x.shape[0] <= PACKED_STREAMED_ROWS
+        return x.shape[0] <= STREAMED_ROWS or x.dtype == torch.bfloat16
 
 
 def pack_linears_for_cpu(
