@@ -11,8 +11,8 @@ Two views, on the default model (SmolLM2-135M-Instruct) unless `--model` says ot
    rotary, SiLU), and what is left of the step (Python, input preparation). Decode at each
    `--batch`, and a prefill of `--prefill` tokens. Each linear's time is set against its
    limit on this machine: reading its weights at the measured memory bandwidth (a STREAM-like
-   copy) or its FLOPs at the measured GEMM rate (a large float32 `torch.mm`), whichever is
-   longer.
+   copy) or its FLOPs at the measured GEMM rate (a large float32 GEMM, MKL's or oneDNN's,
+   whichever is faster), whichever is longer.
 2. The processes around it: `runtime serve` streaming `--batch` requests over HTTP, the CPU
    time each process (API, scheduler, worker) spends per generated token, read from /proc:
    the API's share is its per-token work (detokenizing, SSE framing, JSON), the scheduler's
@@ -115,23 +115,32 @@ def instrumented() -> Iterator[None]:
 
 
 def machine_limits(threads: int) -> tuple[float, float]:
-    """(float32 GEMM FLOP/s, memory bandwidth in bytes/s) with `threads` threads."""
+    """(float32 GEMM FLOP/s, memory bandwidth in bytes/s) with `threads` threads: the best of
+    several runs each, as STREAM reports, and for the GEMM the faster of torch's `mm` (MKL)
+    and oneDNN with the weight packed (what the engine runs for float32 prefills)."""
     torch.set_num_threads(threads)
     a = torch.randn(2048, 2048)
     b = torch.randn(2048, 2048)
-    torch.mm(a, b)
-    started = time.perf_counter()
-    for _ in range(5):
-        torch.mm(a, b)
-    flops = 5 * 2 * 2048**3 / (time.perf_counter() - started)
+    products = [lambda: torch.mm(a, b)]
+    if torch.backends.mkldnn.is_available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(b, 2048)
+        products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
+    flops = 2 * 2048**3 / min(best_time(product) for product in products)
     source = torch.ones(64 * 2**20)  # 256 MiB: far past every cache
     target = torch.empty_like(source)
-    target.copy_(source)
-    started = time.perf_counter()
-    for _ in range(5):
-        target.copy_(source)
-    bandwidth = 5 * 2 * source.numel() * 4 / (time.perf_counter() - started)  # read + write
+    bandwidth = 2 * source.numel() * 4 / best_time(lambda: target.copy_(source))  # read + write
     return flops, bandwidth
+
+
+def best_time(fn: Callable[[], Any], runs: int = 6) -> float:
+    """The shortest of `runs` timed calls, after one untimed."""
+    fn()
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return min(times)
 
 
 def in_own_thread(fn: Callable[..., Any], *args: Any) -> Any:
