@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import subprocess
+import threading
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ class CpuKernels:
 
     def __init__(self, library: Path) -> None:
         lib = ctypes.CDLL(str(library))
+        self._per_thread = threading.local()  # scratch buffers (`_scratch`)
         self._functions: dict[str, Any] = {}
         for name, codes in SIGNATURES.items():
             function = getattr(lib, name)
@@ -161,7 +163,7 @@ class CpuKernels:
         n = blocks.shape[0]
         out = x.new_empty((rows, n))
         # x quantized: int8 values and two float vectors per step of 64 (cpu_quant.cpp)
-        scratch = torch.empty(rows * -(-k // (2 * BLOCK)) * 192, dtype=torch.uint8)
+        scratch = self._scratch(rows * -(-k // (2 * BLOCK)) * 192)
         self._call(
             "quant_linear",
             fmt.code,
@@ -172,10 +174,18 @@ class CpuKernels:
             rows,
             n,
             k,
-            scratch.data_ptr(),
+            scratch,
             torch.get_num_threads(),
         )
         return out
+
+    def _scratch(self, size: int) -> int:
+        """The address of a buffer of at least `size` bytes (64-byte aligned, as torch
+        allocates), this thread's own, kept from call to call."""
+        buffer = getattr(self._per_thread, "scratch", None)
+        if buffer is None or buffer.numel() < size:
+            buffer = self._per_thread.scratch = torch.empty(size, dtype=torch.uint8)
+        return buffer.data_ptr()
 
     @property
     def quant_isa(self) -> str:
