@@ -226,8 +226,7 @@ class LeaveWeightGroup(ControlOp):
 class StartProfile(ControlOp):
     """Trace each actor's steps (runtime/tracing.py); the worker answers once recording."""
 
-    scope = Scope.WORKER
-    runs = Runs.ON_LOOP
+    scope = Scope.WORKER  # between steps: on the worker's torch thread, the one recorded
     request: ProfileRequest
 
 
@@ -235,5 +234,4 @@ class StartProfile(ControlOp):
 class StopProfile(ControlOp):
     """Stop tracing; answered once every trace is written."""
 
-    scope = Scope.WORKER
-    runs = Runs.ON_LOOP
+    scope = Scope.WORKER  # between steps: on the worker's torch thread, the one recorded

@@ -149,7 +149,8 @@ class WorkerActor:
                     idle = time.perf_counter() - finished if msg.queued else 0.0
                     outcome = await self._execute(runner, msg)
                     self._count(outcome, idle, runner.tp.communicate_seconds)
-                    profiler.step_done()
+                    if profiler.counting:  # it may stop: where it started, with the steps
+                        await self.torch.run(profiler.step_done)
                     await scheduler.send(
                         StepResult(
                             msg.step,

@@ -11,9 +11,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from runtime.tracing import ProfileRequest, trace_path, write_new
 
-# torch.profiler is one per process: two at once crash it. Workers that share a process (data
-# parallelism in inproc mode) therefore take turns: the first to start records every thread's
-# ops, the others' included, and the others record nothing of their own.
+# torch.profiler records the ops of the thread that starts it, so a worker starts and stops it
+# on its torch thread (runtime/worker/torch_thread.py), where its steps run. It is one per
+# process: two at once crash it. Workers that share a process (data parallelism in inproc
+# mode) therefore take turns: the first to start records, the others record nothing.
 _recording = False
 
 
@@ -76,3 +77,8 @@ class WorkerProfiler:
     @property
     def running(self) -> bool:
         return self._profile is not None
+
+    @property
+    def counting(self) -> bool:
+        """Whether steps count toward a profile's `num_steps`."""
+        return self._request is not None
