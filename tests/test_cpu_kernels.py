@@ -16,6 +16,7 @@ from transformers import PretrainedConfig
 
 from runtime.kernels.cpu import CpuKernels, KernelError, load_cpu_kernels
 from runtime.kernels.cpu_build import FLAGS, SOURCES
+from runtime.layers import basic
 from runtime.layers.basic import PACKED_STREAMED_ROWS, STREAMED_ROWS, Linear, RMSNorm
 from runtime.layers.rotary import RotaryEmbedding, apply_rope_
 from runtime.worker.sampler import choose, make_sampling_batch
@@ -236,6 +237,26 @@ def test_decode_rows_stream_and_float32_prefills_go_to_blas() -> None:
         layer(torch.randn(STREAMED_ROWS + 1, 64, dtype=torch.bfloat16))
     # bf16 prefills too, unless oneDNN took the weight (it has a bf16 path on this CPU)
     assert rows_streamed == ([] if layer.packed is not None else [STREAMED_ROWS + 1])
+
+
+def test_float32_is_packed_only_while_the_copies_fit_in_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = torch.nn.Sequential(Linear(64, 32), Linear(32, 64))
+    streamed = load_cpu_kernels().linear
+    weight_bytes = (64 * 32 + 32 * 64) * 4
+    monkeypatch.setattr(basic, "available_memory", lambda: 2 * weight_bytes - 1)
+    basic.pack_linears_for_cpu(model, streamed)
+    assert all(m.packed is None for m in model)  # a second copy would take over half
+    monkeypatch.setattr(basic, "available_memory", lambda: 2 * weight_bytes)
+    basic.pack_linears_for_cpu(model, streamed)
+    if not torch.backends.mkldnn.is_available():
+        return
+    assert all(m.packed is not None for m in model)
+    # packed once, it stays packed through repacks (a weight update), whatever is left now
+    monkeypatch.setattr(basic, "available_memory", lambda: 0)
+    basic.pack_linears_for_cpu(model, streamed)
+    assert all(m.packed is not None for m in model)
 
 
 def test_linear_is_the_same_on_one_thread_and_two() -> None:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -9,6 +14,8 @@ from torch import nn
 from runtime.kernels.quant_formats import QuantFormat
 from runtime.kernels.select import Kernels, StreamedLinear
 from runtime.layers.quantized import QuantKernels, empty_blocks, quantized_linear
+
+log = logging.getLogger(__name__)
 
 
 class RMSNorm(nn.Module):
@@ -83,24 +90,29 @@ class Linear(nn.Linear):
         streamed: StreamedLinear | None = None,
         batch_hint: int = 32,
         quant_kernels: QuantKernels | None = None,
+        float32: bool = True,
     ) -> None:
         """Pack the weight for oneDNN on CPU: bf16 where oneDNN has a bf16 path (AVX-512 or
-        AVX-NE-CONVERT, not plain AVX2), float32 with the CPU kernels only (without them the
-        layers stay torch's reference path). Where nothing is packed, a decode step's rows
-        (bf16: all rows) go to `streamed`; float32 packed, a step of one or two rows does.
-        Blocks go to `quant_kernels`."""
+        AVX-NE-CONVERT, not plain AVX2), float32 if `float32` and with the CPU kernels only
+        (without them the layers stay torch's reference path). Where nothing is packed, a
+        decode step's rows (bf16: all rows) go to `streamed`; float32 packed, a step of one
+        or two rows does. Blocks go to `quant_kernels`."""
         self.packed = None
         self.quant_kernels = quant_kernels
-        if self.quant is None and self.weight.device.type == "cpu" and self._packs(streamed):
+        if (
+            self.quant is None
+            and self.weight.device.type == "cpu"
+            and self._packs(streamed, float32)
+        ):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), batch_hint)
         self.streamed = streamed if self.weight.device.type == "cpu" else None
 
-    def _packs(self, streamed: StreamedLinear | None) -> bool:
+    def _packs(self, streamed: StreamedLinear | None, float32: bool) -> bool:
         if not torch.backends.mkldnn.is_available():
             return False
         if self.weight.dtype == torch.bfloat16:
             return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        return self.weight.dtype == torch.float32 and streamed is not None
+        return self.weight.dtype == torch.float32 and float32 and streamed is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.product(x, self.bias)
@@ -127,6 +139,35 @@ def pack_linears_for_cpu(
     streamed: StreamedLinear | None = None,
     quant_kernels: QuantKernels | None = None,
 ) -> None:
-    for module in model.modules():
-        if isinstance(module, Linear):
-            module.pack_for_cpu(streamed, quant_kernels=quant_kernels)
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    float32 = float32_copies_fit(linears)
+    for module in linears:
+        module.pack_for_cpu(streamed, quant_kernels=quant_kernels, float32=float32)
+
+
+def float32_copies_fit(linears: list[Linear]) -> bool:
+    """Whether float32 weights may be packed: each packed copy is a second copy of its weight,
+    so only while they take at most half the memory the system has available (a 7B model in
+    float32 would want 28 GB more). Once packed they stay so, through weight updates: the
+    new copies replace the old ones."""
+    weights = [m.weight for m in linears if m.quant is None and m.weight.dtype == torch.float32]
+    if any(m.packed is not None and m.weight.dtype == torch.float32 for m in linears):
+        return True
+    size = sum(w.numel() * w.element_size() for w in weights if w.device.type == "cpu")
+    if size <= available_memory() // 2:
+        return True
+    log.warning(
+        "float32 weights not packed for oneDNN: their copies (%.1f GB) would take more than "
+        "half of the memory available; prefills run MKL's GEMM instead",
+        size / 1e9,
+    )
+    return False
+
+
+def available_memory() -> int:
+    """Bytes the system can still give (MemAvailable), or its free pages where /proc lacks it."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        line = next(line for line in meminfo if line.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
