@@ -16,10 +16,14 @@ from tests.server_process import ServerProcess
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 
 
-@pytest.fixture(scope="module")
-def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+# in either mode the steps run on the worker's torch thread, which the profiler must record
+@pytest.fixture(scope="module", params=["process", "inproc"])
+def server(
+    llama_dir: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[ServerProcess]:
     root = tmp_path_factory.getbasetemp()  # each test's tmp_path is a folder directly in it
-    proc = ServerProcess(llama_dir, "--enable-control-api", "--output-root", str(root))
+    flags = ("--enable-control-api", "--output-root", str(root), "--mode", request.param)
+    proc = ServerProcess(llama_dir, *flags)
     yield proc
     proc.terminate()
 
