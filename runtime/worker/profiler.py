@@ -4,6 +4,7 @@ Chrome trace (runtime/tracing.py names the files)."""
 from __future__ import annotations
 
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -14,8 +15,10 @@ from runtime.tracing import ProfileRequest, trace_path, write_new
 # torch.profiler records the ops of the thread that starts it, so a worker starts and stops it
 # on its torch thread (runtime/worker/torch_thread.py), where its steps run. It is one per
 # process: two at once crash it. Workers that share a process (data parallelism in inproc
-# mode) therefore take turns: the first to start records, the others record nothing.
+# mode) therefore take turns: the first to start records, the others record nothing. Their
+# torch threads start and stop at once, hence the lock.
 _recording = False
+_turns = threading.Lock()
 
 
 class WorkerProfiler:
@@ -32,18 +35,19 @@ class WorkerProfiler:
         if self._profile is not None or self._request is not None:
             return "the worker is already profiling"
         self._request, self._steps = request, 0
-        if _recording:
-            return ""  # another worker of this process records our ops too
         activities = [ProfilerActivity.CPU]
         if "GPU" in request.activities and self.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)  # on CPU there is no GPU work to trace
-        self._profile = profile(
-            activities=activities,
-            record_shapes=request.record_shapes,
-            with_stack=request.with_stack,
-        )
-        self._profile.start()
-        _recording = True
+        with _turns:
+            if _recording:
+                return ""  # another worker of this process records
+            self._profile = profile(
+                activities=activities,
+                record_shapes=request.record_shapes,
+                with_stack=request.with_stack,
+            )
+            self._profile.start()
+            _recording = True
         return ""
 
     def step_done(self) -> None:
@@ -62,8 +66,9 @@ class WorkerProfiler:
         self._profile = self._request = None
         if prof is None or request is None:
             return ""
-        _recording = False
-        prof.stop()
+        with _turns:
+            prof.stop()
+            _recording = False
         path = trace_path(request.output_dir, self.name)
         try:  # torch writes where it is told: into a folder of ours, then copied out new
             with tempfile.TemporaryDirectory() as private:
