@@ -58,10 +58,12 @@ class RMSNorm(nn.Module):
 # runs near the machine's peak. bfloat16 rows all go to it where nothing is packed for oneDNN:
 # torch's own bfloat16 GEMM on plain AVX2 ran 4-6x slower than the kernel at every size.
 STREAMED_ROWS = 32
-# where a float32 weight is packed for oneDNN, only this many rows still stream: beyond, the
-# packed GEMM is faster (AMD EPYC with AVX-512, 2 threads, SmolLM2's 120 layer matrices from
-# memory: 1 row 13.2 ms streamed against 19.0 packed, 4 rows 15.8 against 14.6, 32 rows 47.6
-# against 40.6; and 224 GFLOP/s for a 512-row prefill where MKL's sgemm ran 182-206)
+# where a weight is packed for oneDNN, only this many rows still stream: beyond, the packed
+# GEMM is faster (AMD EPYC with AVX-512 and AVX512-BF16, 2 threads, SmolLM2's 120 layer
+# matrices from memory; float32: 1 row 13.2 ms streamed against 19.0 packed, 4 rows 15.8
+# against 14.6, 32 rows 47.6 against 40.6, and 224 GFLOP/s for a 512-row prefill where MKL's
+# sgemm ran 182-206; bfloat16: 1 row 9.5 against 10.7, 2 rows 9.0 against 11.0, 4 rows 11.1
+# against 8.6)
 PACKED_STREAMED_ROWS = 2
 
 
@@ -95,8 +97,8 @@ class Linear(nn.Linear):
         """Pack the weight for oneDNN on CPU: bf16 where oneDNN has a bf16 path (AVX-512 or
         AVX-NE-CONVERT, not plain AVX2), float32 if `float32` and with the CPU kernels only
         (without them the layers stay torch's reference path). Where nothing is packed, a
-        decode step's rows (bf16: all rows) go to `streamed`; float32 packed, a step of one
-        or two rows does. Blocks go to `quant_kernels`."""
+        decode step's rows (bf16: all rows) go to `streamed`; where it is, a step of one or
+        two rows does. Blocks go to `quant_kernels`."""
         self.packed = None
         self.quant_kernels = quant_kernels
         if (
@@ -129,8 +131,8 @@ class Linear(nn.Linear):
     def _streams(self, x: torch.Tensor) -> bool:
         if x.dim() != 2 or not x.is_contiguous() or x.dtype != self.weight.dtype:
             return False
-        if self.packed is not None:  # bf16 packed: every row to oneDNN
-            return x.dtype == torch.float32 and x.shape[0] <= PACKED_STREAMED_ROWS
+        if self.packed is not None:  # oneDNN takes all but the smallest steps
+            return x.shape[0] <= PACKED_STREAMED_ROWS
         return x.shape[0] <= STREAMED_ROWS or x.dtype == torch.bfloat16
 
 
