@@ -153,7 +153,7 @@ def float32_copies_fit(linears: list[Linear]) -> bool:
     float32 would want 28 GB more). Once packed they stay so, through weight updates: the
     new copies replace the old ones."""
     weights = [m.weight for m in linears if m.quant is None and m.weight.dtype == torch.float32]
-    if any(m.packed is not None and m.weight.dtype == torch.float32 for m in linears):
+    if any(m.packed is not None for m in linears if m.weight.dtype == torch.float32):
         return True
     size = sum(w.numel() * w.element_size() for w in weights if w.device.type == "cpu")
     if size <= available_memory() // 2:
