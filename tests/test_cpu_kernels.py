@@ -113,7 +113,7 @@ CLOSE = {torch.float32: {"atol": 1e-6, "rtol": 1e-5}, torch.bfloat16: {"atol": 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 5, 300])  # 300: rows spread over threads
+@pytest.mark.parametrize("rows", [1, 5, 300])  # 300: rows spread over threads (see `split`)
 def test_rms_norm_and_add_match_the_torch_path(dtype: torch.dtype, rows: int) -> None:
     gen = torch.Generator().manual_seed(rows)
     norm = RMSNorm(96, 1e-6).to(dtype)
@@ -129,9 +129,10 @@ def test_rms_norm_and_add_match_the_torch_path(dtype: torch.dtype, rows: int) ->
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_silu_and_mul_matches_the_torch_path(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("rows", [7, 300])  # 300: rows spread over threads
+def test_silu_and_mul_matches_the_torch_path(dtype: torch.dtype, rows: int) -> None:
     gen = torch.Generator().manual_seed(1)
-    x = (4 * torch.randn(7, 2 * 40, generator=gen)).to(dtype)
+    x = (4 * torch.randn(rows, 2 * 40, generator=gen)).to(dtype)
     x[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # exp's clamps, both ways
     gate, up = x.chunk(2, dim=-1)
     expected = F.silu(gate) * up
@@ -139,9 +140,10 @@ def test_silu_and_mul_matches_the_torch_path(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rotary_matches_the_torch_path(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("tokens", [9, 200])  # 200: tokens spread over threads
+def test_rotary_matches_the_torch_path(dtype: torch.dtype, tokens: int) -> None:
     gen = torch.Generator().manual_seed(2)
-    heads, kv_heads, dim, tokens = 4, 2, 32, 9
+    heads, kv_heads, dim = 4, 2, 32
     fused = torch.randn(tokens, heads + 2 * kv_heads, dim, generator=gen).to(dtype)
     positions = torch.randint(0, 100, (tokens,), generator=gen)
     config = PretrainedConfig(rope_theta=10000.0)

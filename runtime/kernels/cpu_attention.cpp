@@ -40,6 +40,18 @@ struct Scratch {
       : scores(group * longest), qf(group * dim), acc(group * dim), tile(kTile * dim) {}
 };
 
+// Blocks fetched ahead of the one being read, into L2. A block of one head lies anywhere in
+// the cache and is short (16 tokens: 2 KB in bfloat16): the hardware prefetcher cannot run
+// ahead across blocks, so this does. Measured on an AMD EPYC (Zen 4), decode attention of
+// batch 32 over 192 tokens: no fetching 14.7 ms, one block ahead into L1 9.4, two ahead into
+// L2 7.5 (four: 8-9; L1 at any distance slower than L2).
+constexpr int64_t kBlocksAhead = 2;
+
+inline void fetch_block(const void* block, int64_t bytes) {
+  const char* p = static_cast<const char*>(block);
+  for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(p + line, 0, 1);
+}
+
 // Calls f(rows, n, first) for each tile of the `len` cached tokens, in order: `rows` points
 // at `n` consecutive token rows of one block, `first` is the first one's position.
 template <typename T, typename F>
@@ -48,11 +60,8 @@ void for_each_tile(const T* plane, const int64_t* table, int64_t len, int64_t bl
   const int64_t block_bytes = block_size * dim * int64_t(sizeof(T));
   for (int64_t start = 0; start < len; start += block_size) {
     const T* block = plane + table[start / block_size] * block_size * dim;
-    if (start + block_size < len) {  // blocks lie anywhere: fetch the next one meanwhile
-      const char* next = reinterpret_cast<const char*>(plane + table[start / block_size + 1] *
-                                                                   block_size * dim);
-      for (int64_t line = 0; line < block_bytes; line += 64) __builtin_prefetch(next + line);
-    }
+    const int64_t ahead = start + kBlocksAhead * block_size;
+    if (ahead < len) fetch_block(plane + table[ahead / block_size] * block_size * dim, block_bytes);
     const int64_t in_block = len - start < block_size ? len - start : block_size;
     for (int64_t off = 0; off < in_block; off += kTile) {
       const int n = int(in_block - off < kTile ? in_block - off : kTile);

@@ -3,7 +3,10 @@
 // Each rounds where the torch path rounds, so bfloat16 results match it, not just float32.
 //
 // Rows of `dim` elements are contiguous; rows are spread over OpenMP threads only when there
-// are enough of them (a prefill), since waking threads costs more than a decode's few rows.
+// are enough elements, since starting a parallel region (~2 us with the threads spinning) costs
+// more than a small decode's work. SmolLM2's batch 32 in bfloat16 on an AMD EPYC, one thread
+// against two: silu_and_mul [32, 2 x 1536] 35 -> 22 us, add + norm [32, 576] 17 -> 10 us,
+// rotary [32, 12, 64] 16 -> 10 us.
 
 #include <cstdint>
 
@@ -11,7 +14,11 @@
 
 namespace {
 
-constexpr int64_t kRowsPerThread = 64;
+constexpr int64_t kElementsPerThread = 8192;
+
+inline bool split(int64_t rows, int64_t width) {
+  return rows > 1 && rows * width >= 2 * kElementsPerThread;
+}
 
 // residual == nullptr: out = w * norm(x). Otherwise residual += x (rounded to T, in place) and
 // out = w * norm(residual). norm(v) = v / sqrt(mean(v^2) + eps), rounded to T before the
@@ -19,7 +26,7 @@ constexpr int64_t kRowsPerThread = 64;
 template <typename T>
 void add_rms_norm(T* out, T* residual, const T* x, const T* weight, int64_t rows, int64_t dim,
                   float eps, int threads) {
-#pragma omp parallel for num_threads(threads) if (rows >= 2 * kRowsPerThread)
+#pragma omp parallel for num_threads(threads) if (split(rows, dim))
   for (int64_t r = 0; r < rows; ++r) {
     const T* in = x + r * dim;
     T* sum = residual ? residual + r * dim : nullptr;
@@ -51,7 +58,7 @@ inline float silu(float g) { return g / (1.f + vector_exp(-g)); }
 // 5x slower than torch.)
 template <typename T>
 void silu_and_mul(T* out, const T* x, int64_t rows, int64_t inter, int threads) {
-#pragma omp parallel for num_threads(threads) if (rows >= 2 * kRowsPerThread)
+#pragma omp parallel for num_threads(threads) if (split(rows, 2 * inter))
   for (int64_t r = 0; r < rows; ++r) {
     const T* gate = x + r * 2 * inter;
     const T* up = gate + inter;
@@ -76,7 +83,7 @@ template <typename T>
 void rotary(T* x, int64_t token_stride, int64_t tokens, int64_t heads, int64_t dim,
             const T* cos, const T* sin_signed, int threads) {
   const int64_t half = dim / 2;
-#pragma omp parallel for num_threads(threads) if (tokens >= 2 * kRowsPerThread)
+#pragma omp parallel for num_threads(threads) if (split(tokens, heads * dim))
   for (int64_t t = 0; t < tokens; ++t) {
     const T* c = cos + t * dim;
     const T* s = sin_signed + t * dim;
