@@ -1,5 +1,5 @@
-"""Cases shared by the CPU and GPU kernel tests: random paged-attention cases and a float64
-reference; sampling against the torch sampler."""
+"""Cases shared by the CPU and GPU kernel tests: random paged-attention cases and float64
+references (decode and extend); sampling against the torch sampler."""
 
 from __future__ import annotations
 
@@ -21,6 +21,23 @@ def reference(q, cache, tables, lens, scale):  # type: ignore[no-untyped-def]
         grouped = q[b].double().view(kv_heads, heads // kv_heads, dim)
         probs = torch.softmax(grouped @ k.transpose(1, 2) * scale, dim=-1)
         out[b] = (probs @ v).reshape(heads, dim)
+    return out
+
+
+def extend_reference(q, cache, tables, q_lens, context_lens, scale):  # type: ignore[no-untyped-def]
+    """Each sequence's queries (the last q_len of its context) over its cached tokens, causal."""
+    heads, dim = q.shape[1:]
+    kv_heads, block_size = cache.shape[1], cache.shape[3]
+    out, start = torch.zeros(q.shape, dtype=torch.float64), 0
+    for table, n, ctx in zip(tables, q_lens.tolist(), context_lens.tolist(), strict=True):
+        blocks = table[: -(-ctx // block_size)]
+        k, v = (cache[i][:, blocks].reshape(kv_heads, -1, dim)[:, :ctx].double() for i in (0, 1))
+        k, v = (t.repeat_interleave(heads // kv_heads, dim=0) for t in (k, v))
+        scores = q[start : start + n].double().transpose(0, 1) @ k.transpose(1, 2) * scale
+        hidden = torch.ones(n, ctx, dtype=torch.bool).triu(ctx - n + 1)
+        probs = torch.softmax(scores.masked_fill(hidden, -torch.inf), dim=-1)
+        out[start : start + n] = (probs @ v).transpose(0, 1)
+        start += n
     return out
 
 

@@ -1,7 +1,8 @@
-"""The compiled CPU kernels. Decode attention against a float64 reference: every head_dim
-variant (the AVX-512 ones, 64 and 128, and the plain loops), grouped heads, ragged lengths,
-block sizes that do and do not hold whole tiles; refusals of indices outside the cache. The
-fused norm, SiLU-mul and rotary against the torch ops they replace."""
+"""The compiled CPU kernels. Decode and extend (prefill) attention against float64
+references: every head_dim variant (the AVX-512 ones, 64 and 128, and the plain loops),
+grouped heads, ragged lengths, block sizes that do and do not hold whole tiles, chunks after a
+cached prefix; refusals of indices outside the cache or q. The fused norm, SiLU-mul and rotary
+against the torch ops they replace."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from tests.kernel_cases import (
     TIE_CASES,
     check_sampling_among_ties,
     check_sampling_draws,
+    extend_reference,
     poison_past_the_end,
     random_case,
     reference,
@@ -54,6 +56,70 @@ def test_decode_matches_float64_reference(
     )
     assert out.dtype == dtype
     torch.testing.assert_close(out.double(), expected, **tolerance)
+
+
+def extend_case(
+    heads: int, kv_heads: int, dim: int, block_size: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, ...]:
+    """(queries, context) per chunk: a whole prompt; a chunk after a cached prefix; a longer
+    one over a prefix; one query (a fully cached prompt's last token)."""
+    shapes = [(5, 5), (3, 40), (20, 53), (1, 17)]
+    q_lens = torch.tensor([n for n, _ in shapes])
+    context_lens = torch.tensor([c for _, c in shapes])
+    _, cache, tables, _ = random_case(len(shapes), heads, kv_heads, dim, block_size, 53, dtype)
+    poison_past_the_end(cache, tables, context_lens)
+    gen = torch.Generator().manual_seed(5)
+    fused = torch.randn(int(q_lens.sum()), heads + 2 * kv_heads, dim, generator=gen).to(dtype)
+    q_starts = torch.cumsum(q_lens, 0) - q_lens
+    return fused[:, :heads], cache, tables, q_starts, q_lens, context_lens
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "block_size"),
+    [(9, 3, 64, 16), (4, 2, 128, 16), (6, 3, 24, 8), (4, 1, 32, 16)],
+)
+def test_extend_matches_float64_reference(
+    dtype: torch.dtype, heads: int, kv_heads: int, dim: int, block_size: int
+) -> None:
+    q, cache, tables, q_starts, q_lens, context_lens = extend_case(
+        heads, kv_heads, dim, block_size, dtype
+    )
+    scale = dim**-0.5
+    out = load_cpu_kernels().extend(q, cache, tables, q_starts, q_lens, context_lens, 20, scale)
+    expected = extend_reference(q, cache, tables, q_lens, context_lens, scale)
+    tolerance = (
+        {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 1e-2}
+    )
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), expected, **tolerance)
+
+
+def test_extend_refuses_chunks_outside_q_or_their_tables() -> None:
+    kernels = load_cpu_kernels()
+    q, cache, tables, q_starts, q_lens, context_lens = extend_case(4, 2, 64, 16, torch.float32)
+
+    def extend(
+        starts: torch.Tensor = q_starts,
+        contexts: torch.Tensor = context_lens,
+        blocks: torch.Tensor = tables,
+    ) -> torch.Tensor:
+        return kernels.extend(q, cache, blocks, starts, q_lens, contexts, 20, 0.125)
+
+    past_q = q_starts.clone()
+    past_q[-1] = q.shape[0]  # its one query row would lie past q's last
+    with pytest.raises(KernelError, match="chunk"):
+        extend(starts=past_q)
+    with pytest.raises(KernelError, match="chunk"):  # more queries than context
+        extend(contexts=torch.where(q_lens > 1, q_lens - 1, context_lens))
+    with pytest.raises(KernelError, match="context length"):
+        extend(contexts=context_lens + tables.shape[1] * 16)
+    bad_block = tables.clone()
+    bad_block[1, 0] = cache.shape[2]
+    with pytest.raises(KernelError, match="block id"):
+        extend(blocks=bad_block)
+    with pytest.raises(KernelError, match="starts"):
+        extend(starts=q_starts[:2])
 
 
 def test_decode_is_the_same_on_one_thread_and_two() -> None:

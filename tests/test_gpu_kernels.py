@@ -21,6 +21,7 @@ from tests.kernel_cases import (
     TIE_CASES,
     check_sampling_among_ties,
     check_sampling_draws,
+    extend_reference,
     poison_past_the_end,
     random_case,
     reference,
@@ -93,23 +94,6 @@ def test_a_short_context_in_a_wide_batch_spreads_over_the_splits() -> None:
     expected = reference(q, cache, tables, lens, 0.2)
     out = KERNELS.decode(*on_device(q, cache, wide, lens), 0.2).cpu()
     torch.testing.assert_close(out.double(), expected, **ATTENTION_CLOSE[torch.float32])
-
-
-def extend_reference(q, cache, tables, q_lens, context_lens, scale):  # type: ignore[no-untyped-def]
-    """Each sequence's queries (the last q_len of its context) over its cached tokens, causal."""
-    heads, dim = q.shape[1:]
-    kv_heads, block_size = cache.shape[1], cache.shape[3]
-    out, start = torch.zeros(q.shape, dtype=torch.float64), 0
-    for table, n, ctx in zip(tables, q_lens.tolist(), context_lens.tolist(), strict=True):
-        blocks = table[: -(-ctx // block_size)]
-        k, v = (cache[i][:, blocks].reshape(kv_heads, -1, dim)[:, :ctx].double() for i in (0, 1))
-        k, v = (t.repeat_interleave(heads // kv_heads, dim=0) for t in (k, v))
-        scores = q[start : start + n].double().transpose(0, 1) @ k.transpose(1, 2) * scale
-        hidden = torch.ones(n, ctx, dtype=torch.bool).triu(ctx - n + 1)
-        probs = torch.softmax(scores.masked_fill(hidden, -torch.inf), dim=-1)
-        out[start : start + n] = (probs @ v).transpose(0, 1)
-        start += n
-    return out
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -36,6 +36,7 @@ LINEAR_TILE = 4  # cpu_linear.cpp's kTileN: weight rows widened at once, per thr
 # p pointer. Every one returns an int: 0, or a code for `_raise_for`.
 SIGNATURES = {
     "paged_decode": "i p p q p p q p q q q q q q f i",
+    "paged_extend": "i p p q q p p q p p p q q q q q q f i",
     "paged_store_kv": "i p p q p q q q q",
     "fused_add_rms_norm": "i p p p p q q f i",
     "fused_silu_and_mul": "i p p q q i",
@@ -55,7 +56,7 @@ class CpuKernels:
     """ctypes handles on the compiled kernels, with torch-shaped wrappers."""
 
     name = "cpp"
-    extends = False  # prefill chunks run torch's fused SDPA
+    extends = True  # prefill chunks read their context from the cache (`extend`)
     samples = True  # sampled rows go through `sample`, not a sort
 
     def __init__(self, library: Path) -> None:
@@ -298,27 +299,50 @@ class CpuKernels:
                 f"{batch} queries, {block_tables.shape[0]} tables, {context_lens.shape} lengths"
             )
         out = q.new_empty((batch, heads, dim))
-        _, kv_heads, num_blocks, block_size, _ = kv_cache.shape
         self._call(
-            "paged_decode",
-            DTYPES[kv_cache.dtype],
-            out.data_ptr(),
-            q.data_ptr(),
-            q.stride(0),
-            kv_cache.data_ptr(),
-            block_tables.data_ptr(),
-            block_tables.shape[1],
-            context_lens.data_ptr(),
-            batch,
-            heads,
-            kv_heads,
-            num_blocks,
-            block_size,
-            dim,
-            scale,
-            torch.get_num_threads(),  # torch's setting; OpenMP's own is per OS thread
-        )
+            "paged_decode", DTYPES[kv_cache.dtype], out.data_ptr(), q.data_ptr(), q.stride(0),
+            kv_cache.data_ptr(), block_tables.data_ptr(), block_tables.shape[1],
+            context_lens.data_ptr(), batch, *_attention_shape(q, kv_cache, scale),
+        )  # fmt: skip
         return out
+
+    def extend(
+        self,
+        q: torch.Tensor,  # [T, heads, head_dim], rows of one token may be strided
+        kv_cache: torch.Tensor,  # this step's keys and values already stored
+        block_tables: torch.Tensor,  # [S, width] int64
+        q_starts: torch.Tensor,  # [S] int64: each chunk's first row of q
+        q_lens: torch.Tensor,  # [S] int64
+        context_lens: torch.Tensor,  # [S] int64: tokens attended to, the chunk's included
+        max_queries: int,  # (how the Triton kernel sizes its grid; unused here)
+        scale: float,
+    ) -> torch.Tensor:  # [T, heads, head_dim]; rows of no chunk are left unwritten
+        tokens, heads, dim = q.shape
+        check_rows(q, kv_cache, DTYPES)
+        for index in (block_tables, q_starts, q_lens, context_lens):
+            _check_index(index)
+        chunks = block_tables.shape[0]
+        if not q_starts.shape == q_lens.shape == context_lens.shape == (chunks,):
+            raise KernelError(
+                f"{chunks} tables, {q_starts.shape} starts, {q_lens.shape} query lengths, "
+                f"{context_lens.shape} context lengths"
+            )
+        out = q.new_empty((tokens, heads, dim))
+        self._call(
+            "paged_extend", DTYPES[kv_cache.dtype], out.data_ptr(), q.data_ptr(), q.stride(0),
+            tokens, kv_cache.data_ptr(), block_tables.data_ptr(), block_tables.shape[1],
+            q_starts.data_ptr(), q_lens.data_ptr(), context_lens.data_ptr(), chunks,
+            *_attention_shape(q, kv_cache, scale),
+        )  # fmt: skip
+        return out
+
+
+def _attention_shape(q: torch.Tensor, kv_cache: torch.Tensor, scale: float) -> tuple[Any, ...]:
+    """The attention kernels' last arguments: (heads, kv_heads, num_blocks, block_size,
+    head_dim, scale, threads)."""
+    _, kv_heads, num_blocks, block_size, dim = kv_cache.shape
+    # threads: torch's setting (OpenMP's own is per OS thread)
+    return q.shape[1], kv_heads, num_blocks, block_size, dim, scale, torch.get_num_threads()
 
 
 def _check_blocks(
@@ -343,7 +367,8 @@ def _check_index(x: torch.Tensor) -> None:
 
 def _raise_for(code: int) -> None:
     if code:
-        reasons = {1: "heads do not group", 2: "a context length is outside its block table"}
+        reasons = {1: "heads do not group"}
+        reasons |= {2: "a context length (or a prefill chunk) is outside its block table (or q)"}
         reasons |= {3: "a block id is outside the cache", 4: "a slot is outside the cache"}
         reasons |= {10: "K is not a multiple of 32", 11: "no kernel for this block format"}
         raise KernelError(reasons.get(code, f"unsupported dtype (code {code})"))

@@ -9,15 +9,16 @@ num_blocks, block_size * head_dim]), gathering a sequence's keys and values is o
 head_dim] matrices, ready for a batched matmul without a transpose. Token `pos` of a sequence
 lives in block `block_table[pos // block_size]` at offset `pos % block_size`.
 
-Kernels that extend (the Triton ones) compute every prefill chunk of a step in one call,
-reading the context, this step's tokens included, from the cache in place.
+Kernels that extend (the Triton ones and the compiled CPU ones) compute every prefill chunk of
+a step in one call, reading the context, this step's tokens included, from the cache in place.
 
 The projections arrive fused, as `heads` [T, heads + 2 * kv_heads, head_dim] (q, then k, then
 v heads, rotary already applied), so one `index_copy_` stores a step's keys and values.
 
 A step's batch is flattened to T tokens. Sequences with a single query token (decodes, and the
 last token of a fully cached prompt) come first and are computed together; the rest (prefill
-chunks) attend one sequence at a time (torch's fused SDPA), or all in one `extend` call.
+chunks) attend all in one `extend` call, or on the torch path one sequence at a time (torch's
+fused SDPA).
 """
 
 from __future__ import annotations
