@@ -41,7 +41,7 @@ SIGNATURES = {
     "fused_add_rms_norm": "i p p p p q q f i",
     "fused_silu_and_mul": "i p p q q i",
     "fused_rotary": "i p q q q q p p i",
-    "greedy_pick": "p q q p p",
+    "greedy_pick": "p q q p p i",
     "sample_pick": "p q q q p p p p p p i",
     "skinny_linear": "i p p p p q q q p i",
     "quant_linear": "i p p p p q q q p i",
@@ -93,6 +93,7 @@ class CpuKernels:
             vocab,
             tokens.data_ptr(),
             logprobs.data_ptr(),
+            torch.get_num_threads(),
         )
         return tokens, logprobs
 

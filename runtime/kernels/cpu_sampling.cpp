@@ -1,7 +1,8 @@
 // Greedy sampling in two passes over each row of float32 logits: the largest logit (its first
 // index, as torch.argmax picks it), then the log-sum-exp, for the token's log-probability.
 // For 32 x 4096 logits on one thread: ~70 us, where torch's argmax alone (a scalar loop) took
-// ~240 and argmax, log_softmax and gather together ~340.
+// ~240 and argmax, log_softmax and gather together ~340. Rows go to threads once there are
+// 128k logits (SmolLM2's 32 x 49,152 on an AMD EPYC: 407 -> 210 us on two).
 
 #include <algorithm>
 #include <cstdint>
@@ -56,7 +57,8 @@ extern "C" {
 // logits [rows, vocab] float32, contiguous. tokens[r]: the argmax; logprobs[r]: its
 // log-probability under softmax(logits[r]). Returns 0, as every kernel here returns a code.
 int greedy_pick(const float* logits, int64_t rows, int64_t vocab, int64_t* tokens,
-                float* logprobs) {
+                float* logprobs, int threads) {
+#pragma omp parallel for num_threads(threads) if (rows > 1 && rows * vocab >= (1 << 17))
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = logits + r * vocab;
     const float top = row_max(x, vocab);

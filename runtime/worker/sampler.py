@@ -85,9 +85,11 @@ def sample(
 
 def draw(logits: torch.Tensor, batch: SamplingBatch, kernels: Kernels | None) -> torch.Tensor:
     """The token ids [B] `choose` picks: by the kernels where they sample (no sort)."""
-    if batch.all_greedy:
-        return logits.argmax(dim=-1)
     fits = logits.dtype == torch.float32 and logits.stride(-1) == 1  # rows may be strided
+    if batch.all_greedy:
+        if kernels is not None and logits.is_contiguous() and fits:
+            return kernels.greedy(logits)[0]  # torch's argmax: a scalar loop, 2x slower on CPU
+        return logits.argmax(dim=-1)
     if kernels is not None and kernels.samples and fits:
         b = batch
         sampler = cast(SamplingKernels, kernels)
