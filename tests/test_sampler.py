@@ -88,3 +88,27 @@ def test_a_row_draws_the_same_token_whatever_its_batch() -> None:
         for i in range(16)
     ]
     assert together.tolist() == alone
+
+
+def test_greedy_picks_stand_where_processors_only_ban_other_tokens() -> None:
+    """The one-pass greedy pick is kept for steps whose processors only ban tokens
+    (min_tokens' stops, bad words), unless a row's pick is one of them."""
+    from runtime.config.sampling import SamplingParams
+    from runtime.worker.logits_processors import LogitsProcessors
+    from runtime.worker.seq_table import WorkerSeq
+
+    processors = LogitsProcessors(10, frozenset({2}), torch.device("cpu"))
+
+    def seq(**params: object) -> WorkerSeq:
+        p = SamplingParams(temperature=0.0, max_tokens=8, **params)  # type: ignore[arg-type]
+        return WorkerSeq([5, 6], 2, 2, [0], p, seed=0)
+
+    waiting = seq(min_tokens=3, stop_token_ids=(7,))  # 2 (EOS) and 7 banned
+    banned_words = seq(bad_words_token_ids=((4,),))
+    processors.arrive(0, waiting)
+    processors.arrive(1, banned_words)
+    assert processors.greedy_unchanged([0, 1], [waiting, banned_words], [3, 5])
+    assert not processors.greedy_unchanged([0, 1], [waiting, banned_words], [7, 5])
+    assert not processors.greedy_unchanged([0, 1], [waiting, banned_words], [3, 4])
+    assert not processors.greedy_unchanged([0], [seq(logit_bias=((3, 1.0),))], [5])
+    assert not processors.greedy_unchanged([0], [seq(repetition_penalty=1.2)], [5])

@@ -96,6 +96,15 @@ async def test_processors_and_logprobs_match_transformers(
             logit_bias=((stop, 100.0),),
             ignore_eos=True,
         )
+    # min_tokens alone: the stop is the greedy third token, banned there (the other steps take
+    # the one-pass greedy pick, the banned step the processed path)
+    case(
+        PROMPTS[0],
+        {"eos_token_id": [stop], "min_new_tokens": 6},
+        stop_token_ids=(stop,),
+        min_tokens=6,
+        ignore_eos=True,
+    )
     # bad words: one token, and two (its last token banned only right after the first)
     assert PROMPTS[0][-1] != g[1]  # transformers also looks at the prompt; vLLM does not
     case(PROMPTS[0], {"bad_words_ids": [[g[0]]]}, bad_words_token_ids=((g[0],),))

@@ -319,6 +319,24 @@ class ModelRunner:
             self.grammars.arrive(new.seq_id, seq)
         return seqs
 
+    def _greedy_past_bans(
+        self,
+        logits: torch.Tensor,
+        batch: SamplingBatch,
+        seq_ids: list[int],
+        seqs: list[WorkerSeq],
+    ) -> tuple[list[int], list[float], tuple[Logprobs | None, ...]] | None:
+        """Greedy rows whose processors only ban tokens (min_tokens: the stops), where no row's
+        argmax is banned: the plain path's one pass picks what processing would (and the raw
+        log-probabilities are what it reports). None: take the general path."""
+        if not batch.all_greedy or self.kernels is None or not logits.is_contiguous():
+            return None
+        tokens, token_logprobs = self.kernels.greedy(logits)
+        picked = tokens.tolist()
+        if not self.processors.greedy_unchanged(seq_ids, seqs, picked):
+            return None
+        return picked, token_logprobs.tolist(), ()
+
     def _sample(
         self,
         logits: torch.Tensor,
@@ -340,6 +358,10 @@ class ModelRunner:
         params = [seq.params for seq in seqs]
         processes = any(p.processes_logits for p in params)
         wants_top = any(p.logprobs for p in params)
+        if masks is None and not wants_top and not self.processed_logprobs:
+            picked = self._greedy_past_bans(logits, batch, seq_ids, seqs)
+            if picked is not None:
+                return picked
         raw = None if self.processed_logprobs else torch.log_softmax(logits, dim=-1)
         if processes:
             self.processors.apply(logits, seq_ids, seqs)
