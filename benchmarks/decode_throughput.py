@@ -19,7 +19,7 @@ import time
 
 import trio
 
-from benchmarks.compare import default_checkpoint
+from runtime.checkpoints.default_model import default_model_file
 from runtime.config.engine import EngineConfig
 from runtime.config.sampling import SamplingParams
 from runtime.frontend.engine import Engine
@@ -84,7 +84,7 @@ def summarize(batch: int, elapsed: float, a: EngineStats, b: EngineStats) -> dic
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    model = args.model or default_checkpoint()
+    model = args.model or str(default_model_file())  # the engine converts it once
     config = EngineConfig(
         model=model,
         mode=args.mode,
@@ -118,7 +118,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="checkpoint directory (default: SmolLM2, converted)")
+    parser.add_argument("--model", help="checkpoint directory or GGUF file (default: SmolLM2)")
     parser.add_argument("--mode", choices=["process", "inproc"], default="process")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--prompt-len", type=int, default=32)

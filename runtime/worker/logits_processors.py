@@ -125,17 +125,21 @@ class LogitsProcessors:
         if penalized:
             self._penalize(logits, penalized, [seq_ids[i] for i in penalized], seqs)
 
-    def greedy_unchanged(
+    @staticmethod
+    def only_bans(seqs: Sequence[WorkerSeq]) -> bool:
+        """Whether the processors at most ban tokens for these rows (min_tokens' stops, bad
+        words): nothing that moves the other logits (penalties, bias, an allowed set)."""
+        return not any(
+            p.penalizes or p.logit_bias or p.allowed_token_ids is not None
+            for p in (seq.params for seq in seqs)
+        )
+
+    def bans_any(
         self, seq_ids: Sequence[int], seqs: Sequence[WorkerSeq], tokens: list[int]
     ) -> bool:
-        """Whether `tokens`, each row's argmax before processing, are what the processed
-        logits' argmax would be: when the processors only ban tokens (min_tokens' stops, bad
-        words) and ban none of these, banning lowers no row's maximum."""
-        for p in (seq.params for seq in seqs):
-            if p.penalizes or p.logit_bias or p.allowed_token_ids is not None:
-                return False
+        """Whether the processors ban row i's `tokens[i]` for some row."""
         banned_rows, banned_ids = self._banned(list(range(len(seqs))), seq_ids, seqs)
-        return all(tokens[i] != t for i, t in zip(banned_rows, banned_ids, strict=True))
+        return any(tokens[i] == t for i, t in zip(banned_rows, banned_ids, strict=True))
 
     def record(
         self, seq_ids: Sequence[int], seqs: Sequence[WorkerSeq], tokens: torch.Tensor

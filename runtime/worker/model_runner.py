@@ -327,13 +327,16 @@ class ModelRunner:
         seqs: list[WorkerSeq],
     ) -> tuple[list[int], list[float], tuple[Logprobs | None, ...]] | None:
         """Greedy rows whose processors only ban tokens (min_tokens: the stops), where no row's
-        argmax is banned: the plain path's one pass picks what processing would (and the raw
-        log-probabilities are what it reports). None: take the general path."""
+        argmax is banned: banning lowers no row's maximum, so the plain path's one pass picks
+        what processing would (and the raw log-probabilities are what it reports). None: take
+        the general path."""
         if not batch.all_greedy or self.kernels is None or not logits.is_contiguous():
+            return None
+        if not self.processors.only_bans(seqs):
             return None
         tokens, token_logprobs = self.kernels.greedy(logits)
         picked = tokens.tolist()
-        if not self.processors.greedy_unchanged(seq_ids, seqs, picked):
+        if self.processors.bans_any(seq_ids, seqs, picked):
             return None
         return picked, token_logprobs.tolist(), ()
 
