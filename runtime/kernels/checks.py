@@ -30,6 +30,8 @@ def check_contiguous(
     *tensors: torch.Tensor, dtypes: Collection[torch.dtype], like: torch.Tensor | None = None
 ) -> None:
     dtype = (like if like is not None else tensors[0]).dtype
+    if dtype not in dtypes:
+        raise KernelError(f"expected one dtype of {', '.join(map(str, dtypes))}, got {dtype}")
     for t in tensors:
         if not t.is_contiguous() or t.dtype != dtype or dtype not in dtypes:
             raise KernelError(f"expected contiguous {dtype} tensors, got {t.dtype}")

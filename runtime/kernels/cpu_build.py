@@ -29,9 +29,8 @@ from typing import IO
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = tuple(
-    HERE / f"cpu_{name}.cpp" for name in ("attention", "fused", "linear", "quant", "sampling")
-)
+NAMES = ("attention", "fused", "linear", "panels", "quant", "sampling")
+SOURCES = tuple(HERE / f"cpu_{name}.cpp" for name in NAMES)
 HEADERS = (HERE / "cpu_common.h", HERE / "cpu_attention_tiles.h", HERE / "cpu_lanes.h")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
          "-fno-math-errno", "-fno-trapping-math")  # fmt: skip

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +68,19 @@ STREAMED_ROWS = 32
 PACKED_STREAMED_ROWS = 2
 
 
+class PanelKernels(Protocol):
+    """What runtime/kernels/cpu_matmul.py offers for bfloat16 weights packed into panels."""
+
+    @property
+    def has_panels(self) -> bool: ...
+
+    def pack_panels(self, weight: torch.Tensor) -> torch.Tensor: ...
+
+    def panel_linear(
+        self, x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
+
+
 class Linear(nn.Linear):
     """nn.Linear that, on CPU, hands a decode step's few rows to a kernel that streams the
     weight once (BLAS copies it into its own layout on every call), and can hand its weight
@@ -74,10 +88,14 @@ class Linear(nn.Linear):
     run 15-45% faster that way, with identical results, and float32 ones 10-50% faster than
     MKL's sgemm, which packs the weight again on every call (results differ from it in the
     last bits, as two BLAS libraries' do). Or its weight is kept as GGUF blocks (`quantize_`),
-    which runtime/layers/quantized.py multiplies.
+    which runtime/layers/quantized.py multiplies. Where the CPU has AVX512-BF16 (and no
+    AMX), a bfloat16 weight is packed into cpu_panels.cpp's panels instead of for oneDNN:
+    that kernel multiplies every number of rows faster (1.6x at one row, 1.25x at 32).
     """
 
     packed: torch.Tensor | None = None
+    panels: torch.Tensor | None = None  # the weight packed for `panel_kernels`
+    panel_kernels: PanelKernels | None = None
     streamed: StreamedLinear | None = None
     quant: QuantFormat | None = None  # the weight is blocks of this format
     quant_kernels: QuantKernels | None = None
@@ -93,21 +111,39 @@ class Linear(nn.Linear):
         batch_hint: int = 32,
         quant_kernels: QuantKernels | None = None,
         float32: bool = True,
+        panel_kernels: PanelKernels | None = None,
     ) -> None:
         """Pack the weight for oneDNN on CPU: bf16 where oneDNN has a bf16 path (AVX-512 or
         AVX-NE-CONVERT, not plain AVX2), float32 if `float32` and with the CPU kernels only
         (without them the layers stay torch's reference path). Where nothing is packed, a
         decode step's rows (bf16: all rows) go to `streamed`; where it is, a step of one or
-        two rows does. Blocks go to `quant_kernels`."""
-        self.packed = None
+        two rows does. Blocks go to `quant_kernels`; bfloat16 weights to `panel_kernels`
+        where it has panels."""
+        self.packed = self.panels = None
         self.quant_kernels = quant_kernels
-        if (
+        self.panel_kernels = panel_kernels
+        if self._panelled(panel_kernels):
+            assert panel_kernels is not None
+            self.panels = panel_kernels.pack_panels(self.weight.detach())
+        elif (
             self.quant is None
             and self.weight.device.type == "cpu"
             and self._packs(streamed, float32)
         ):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), batch_hint)
         self.streamed = streamed if self.weight.device.type == "cpu" else None
+
+    def _panelled(self, kernels: PanelKernels | None) -> bool:
+        weight = self.weight
+        return (
+            kernels is not None
+            and kernels.has_panels
+            and self.quant is None
+            and weight.device.type == "cpu"
+            and weight.dtype == torch.bfloat16
+            and weight.dim() == 2
+            and weight.shape[1] % 2 == 0
+        )
 
     def _packs(self, streamed: StreamedLinear | None, float32: bool) -> bool:
         if not torch.backends.mkldnn.is_available():
@@ -122,11 +158,17 @@ class Linear(nn.Linear):
     def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.quant is not None:
             return quantized_linear(x, self.weight, self.quant, bias, self.quant_kernels)
+        if self.panels is not None and self._fits_panels(x):
+            assert self.panel_kernels is not None
+            return self.panel_kernels.panel_linear(x, self.panels, self.weight.shape[0], bias)
         if self.streamed is not None and self._streams(x):
             return self.streamed(x, self.weight, bias)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
         return F.linear(x, self.weight, bias)
+
+    def _fits_panels(self, x: torch.Tensor) -> bool:
+        return x.dim() == 2 and x.is_contiguous() and x.dtype == torch.bfloat16
 
     def _streams(self, x: torch.Tensor) -> bool:
         if x.dim() != 2 or not x.is_contiguous() or x.dtype != self.weight.dtype:
@@ -140,11 +182,13 @@ def pack_linears_for_cpu(
     model: nn.Module,
     streamed: StreamedLinear | None = None,
     quant_kernels: QuantKernels | None = None,
+    panel_kernels: PanelKernels | None = None,
 ) -> None:
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     float32 = float32_copies_fit(linears)
     for module in linears:
-        module.pack_for_cpu(streamed, quant_kernels=quant_kernels, float32=float32)
+        module.pack_for_cpu(streamed, quant_kernels=quant_kernels, float32=float32,
+                            panel_kernels=panel_kernels)  # fmt: skip
 
 
 def float32_copies_fit(linears: list[Linear]) -> bool:

@@ -87,7 +87,7 @@ class ModelShape:
         """(Re)make the CPU kernels' packed copies of the linear layers' weights."""
         if self.device.type == "cpu":
             kernels = quant_kernels(self.kernels)
-            pack_linears_for_cpu(model, streamed_linear(self.kernels), kernels)
+            pack_linears_for_cpu(model, streamed_linear(self.kernels), kernels, kernels)
             for module in model.modules():
                 if isinstance(module, VocabParallelEmbedding):
                     module.quant_kernels = kernels  # blocks' rows looked up by the kernel

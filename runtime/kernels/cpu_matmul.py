@@ -1,0 +1,144 @@
+"""The CPU kernels' matmuls: a decode step's rows against float32 or bfloat16 weights
+(cpu_linear.cpp), bfloat16 against weights packed into panels (cpu_panels.cpp), and rows
+against GGUF's quantized blocks (cpu_quant.cpp).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.kernels.checks import KernelError, check_contiguous
+from runtime.kernels.cpu_library import DTYPES, LINEAR_TILE, PANEL, QUANT_ISAS, CpuLibrary
+from runtime.kernels.quant_formats import BLOCK, QuantFormat
+
+
+class CpuMatmuls(CpuLibrary):
+    """The matmul kernels' torch-shaped wrappers."""
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x [rows, k] @ weight [n, k]^T + bias, each weight read once (a decode step; in
+        bfloat16 on CPUs where oneDNN has no bf16 path, every step)."""
+        check_contiguous(x, weight, *(() if bias is None else (bias,)), dtypes=DTYPES)
+        rows, k = x.shape
+        n = weight.shape[0]
+        if weight.shape[1] != k or (bias is not None and bias.shape != (n,)):
+            raise KernelError(f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+        out = x.new_empty((rows, n))
+        threads = torch.get_num_threads()
+        # bfloat16 is widened to float32 in scratch: x, the results, a weight tile per thread
+        floats = rows * (k + n) + threads * LINEAR_TILE * k if x.dtype == torch.bfloat16 else 0
+        scratch = torch.empty(floats, dtype=torch.float32)
+        self._call(
+            "skinny_linear",
+            DTYPES[x.dtype],
+            out.data_ptr(),
+            x.data_ptr(),
+            weight.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            rows,
+            n,
+            k,
+            scratch.data_ptr(),
+            threads,
+        )
+        return out
+
+    @property
+    def has_panels(self) -> bool:
+        """Whether this build multiplies bfloat16 panels (AVX512-BF16 without AMX: CPUs with
+        AMX keep oneDNN, whose AMX path cpu_panels.cpp does not match)."""
+        return bool(self._functions["panel_isa"]())
+
+    def pack_panels(self, weight: torch.Tensor) -> torch.Tensor:
+        """A bfloat16 weight [n, k] (k even) packed into the panels `panel_linear` reads."""
+        check_contiguous(weight, dtypes={torch.bfloat16: 1})
+        n, k = weight.shape
+        panels = weight.new_empty(-(-n // PANEL) * PANEL * k)
+        self._call("panel_pack", panels.data_ptr(), weight.data_ptr(), n, k, _threads())
+        return panels
+
+    def panel_linear(
+        self, x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """bfloat16 x [rows, k] @ W^T + bias, W [n, k] packed by `pack_panels`."""
+        check_contiguous(x, panels, *(() if bias is None else (bias,)), dtypes={torch.bfloat16: 1})
+        rows, k = x.shape
+        if panels.numel() != -(-n // PANEL) * PANEL * k or (
+            bias is not None and bias.shape != (n,)
+        ):
+            raise KernelError(f"x {tuple(x.shape)} against {n} panelled outputs")
+        out = x.new_empty((rows, n))
+        self._call(
+            "panel_linear", out.data_ptr(), x.data_ptr(), panels.data_ptr(),
+            None if bias is None else bias.data_ptr(), rows, n, k, _threads(),
+        )  # fmt: skip
+        return out
+
+    def quant_linear(
+        self,
+        x: torch.Tensor,  # [rows, k] float32
+        blocks: torch.Tensor,  # [n, fmt.row_bytes(k)] uint8: a matrix [n, k] in format `fmt`
+        fmt: QuantFormat,
+        bias: torch.Tensor | None = None,  # [n] float32
+    ) -> torch.Tensor:  # [rows, n] float32
+        """x @ W^T + bias with W read as its blocks, x quantized to int8 blocks on the way in
+        (llama.cpp's scheme: cpu_quant.cpp), each weight read once."""
+        rows, k = _check_blocks(x, blocks, fmt, bias)
+        n = blocks.shape[0]
+        out = x.new_empty((rows, n))
+        # x quantized: int8 values and two float vectors per step of 64 (cpu_quant.cpp)
+        scratch = self._scratch(rows * -(-k // (2 * BLOCK)) * 192)
+        self._call(
+            "quant_linear",
+            fmt.code,
+            out.data_ptr(),
+            x.data_ptr(),
+            blocks.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            rows,
+            n,
+            k,
+            scratch,
+            torch.get_num_threads(),
+        )
+        return out
+
+    @property
+    def quant_isa(self) -> str:
+        """What this build's quant_linear computes with: "AVX-512 VNNI", "AVX-512", "AVX2" or
+        "plain loops" (RUNTIME_KERNEL_ISA=avx2 builds the AVX2 ones on an AVX-512 CPU)."""
+        return QUANT_ISAS[int(self._functions["quant_isa"]())]
+
+    def dequantize(self, blocks: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
+        """The float32 matrix [n, k] that blocks [n, row_bytes] of format `fmt` stand for."""
+        if blocks.dtype != torch.uint8 or not blocks.is_contiguous() or blocks.dim() != 2:
+            raise KernelError(f"expected contiguous uint8 [n, row_bytes], got {blocks.dtype}")
+        n, row_bytes = blocks.shape
+        if row_bytes % fmt.block_bytes:
+            raise KernelError(f"rows of {row_bytes} bytes are no whole {fmt.name} blocks")
+        k = row_bytes // fmt.block_bytes * BLOCK
+        out = torch.empty((n, k), dtype=torch.float32)
+        threads = torch.get_num_threads()
+        self._call("quant_dequantize", fmt.code, out.data_ptr(), blocks.data_ptr(), n, k, threads)
+        return out
+
+
+def _check_blocks(
+    x: torch.Tensor, blocks: torch.Tensor, fmt: QuantFormat, bias: torch.Tensor | None
+) -> tuple[int, int]:
+    """(rows, k) of float32 x [rows, k] against blocks [n, row_bytes] of a [n, k] matrix."""
+    check_contiguous(x, *(() if bias is None else (bias,)), dtypes=(torch.float32,))
+    if blocks.dtype != torch.uint8 or not blocks.is_contiguous() or x.dim() != 2:
+        raise KernelError(f"x {x.dtype} {tuple(x.shape)}, blocks {blocks.dtype}")
+    rows, k = x.shape
+    if k % BLOCK or blocks.shape[1:] != (fmt.row_bytes(k),):
+        raise KernelError(f"x {tuple(x.shape)} against {fmt.name} blocks {tuple(blocks.shape)}")
+    if bias is not None and bias.shape != (blocks.shape[0],):
+        raise KernelError(f"bias {tuple(bias.shape)} for {blocks.shape[0]} outputs")
+    return rows, k
+
+
+def _threads() -> int:
+    return torch.get_num_threads()  # torch's setting (OpenMP's own is per OS thread)
