@@ -210,6 +210,11 @@ class CpuKernels(CpuMatmuls):
         )  # fmt: skip
         return out
 
+    def decode_layers(self, *args: Any) -> None:
+        """A decode step's decoder layers in one call: runtime/layers/decode_layers.py
+        describes them and passes cpu_decode.cpp's arguments."""
+        self._call("decode_layers", *args)
+
 
 def _attention_shape(q: torch.Tensor, kv_cache: torch.Tensor, scale: float) -> tuple[Any, ...]:
     """The attention kernels' last arguments: (heads, kv_heads, num_blocks, block_size,

@@ -29,7 +29,7 @@ from typing import IO
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-NAMES = ("attention", "fused", "linear", "panels", "quant", "sampling")
+NAMES = ("attention", "decode", "fused", "linear", "panels", "quant", "sampling")
 SOURCES = tuple(HERE / f"cpu_{name}.cpp" for name in NAMES)
 HEADERS = (HERE / "cpu_common.h", HERE / "cpu_attention_tiles.h", HERE / "cpu_lanes.h")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",

@@ -35,6 +35,7 @@ SIGNATURES = {
     "quant_linear": "i p p p p q q q p i",
     "quant_dequantize": "i p p q q i",
     "quant_isa": "",
+    "decode_layers": "i p q p p q q q q q f f p p p q q q p p q p p p i",
 }
 QUANT_ISAS = {0: "plain loops", 1: "AVX2", 2: "AVX-512", 3: "AVX-512 VNNI"}
 _CTYPES = {"i": ctypes.c_int, "q": ctypes.c_int64, "f": ctypes.c_float, "p": ctypes.c_void_p}

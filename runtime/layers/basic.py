@@ -6,7 +6,7 @@ import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +14,7 @@ from torch import nn
 
 from runtime.kernels.quant_formats import QuantFormat
 from runtime.kernels.select import Kernels, StreamedLinear
-from runtime.layers.quantized import QuantKernels, empty_blocks, quantized_linear
+from runtime.layers.quantized import QUANT_ROWS, QuantKernels, empty_blocks, quantized_linear
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,21 @@ STREAMED_ROWS = 32
 # sgemm ran 182-206; bfloat16: 1 row 9.5 against 10.7, 2 rows 9.0 against 11.0, 4 rows 11.1
 # against 8.6)
 PACKED_STREAMED_ROWS = 2
+
+
+KIND_STREAMED, KIND_PANELS, KIND_BLOCKS = 0, 1, 2  # cpu_decode.cpp's Kind
+
+
+class LinearSpec(NamedTuple):
+    """A linear as cpu_decode.cpp's LinearSpec describes it, and the rows it may take."""
+
+    kind: int
+    format: int  # the GGUF block type's code (KIND_BLOCKS)
+    weight: int  # address
+    bias: int  # address, 0: none
+    n: int
+    k: int
+    max_rows: int
 
 
 class PanelKernels(Protocol):
@@ -166,6 +181,29 @@ class Linear(nn.Linear):
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
         return F.linear(x, self.weight, bias)
+
+    def decode_spec(self, dtype: torch.dtype) -> LinearSpec | None:
+        """How cpu_decode.cpp multiplies this layer's decode rows of `dtype` exactly as
+        `product` would (the same kernel), and up to how many rows; None where `product`
+        would hand them to torch."""
+        weight, bias = self.weight, self.bias
+        if bias is not None and (bias.dtype != dtype or not bias.is_contiguous()):
+            return None
+        n, k = self.out_features, self.in_features
+        address = (weight.data_ptr(), 0 if bias is None else bias.data_ptr())
+        if self.quant is not None:
+            if self.quant_kernels is None or dtype != torch.float32:
+                return None
+            return LinearSpec(KIND_BLOCKS, self.quant.code, *address, n, k, QUANT_ROWS)
+        if self.panels is not None and dtype == torch.bfloat16:
+            return LinearSpec(KIND_PANELS, 0, self.panels.data_ptr(), address[1], n, k, 1 << 30)
+        if self.streamed is None or weight.dtype != dtype or not weight.is_contiguous():
+            return None
+        if self.packed is not None:
+            rows = PACKED_STREAMED_ROWS
+        else:
+            rows = STREAMED_ROWS if dtype == torch.float32 else 1 << 30
+        return LinearSpec(KIND_STREAMED, 0, *address, n, k, rows)
 
     def _fits_panels(self, x: torch.Tensor) -> bool:
         return x.dim() == 2 and x.is_contiguous() and x.dtype == torch.bfloat16

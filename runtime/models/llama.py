@@ -15,6 +15,7 @@ from transformers import PretrainedConfig
 
 from runtime.layers.attention import AttentionMetadata, paged_attention
 from runtime.layers.basic import RMSNorm
+from runtime.layers.decode_layers import DecodeLayers
 from runtime.layers.parallel import (
     SINGLE,
     ColumnParallelLinear,
@@ -167,6 +168,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(args.hidden_size, args.vocab_size, tp)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        # a pure decode step's layers in one call to the CPU kernels, where they cover them:
+        # set (or cleared) each time the weights are packed for them
+        self.decode_layers: DecodeLayers | None = None
 
     def forward(
         self,
@@ -190,6 +194,8 @@ class LlamaForCausalLM(nn.Module):
         whole: the layers end in all-reduces)."""
         x = self.model.embed_tokens(input_ids)
         rope = self.rotary.lookup(positions, x.dtype)
+        if self.decode_layers is not None and self.decode_layers.runs(x, meta):
+            return self.decode_layers(x, rope, kv_caches, meta)
         residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, rope, kv_cache, meta)

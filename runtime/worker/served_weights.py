@@ -25,6 +25,7 @@ from torch import nn
 from runtime.checkpoints.model_info import ModelInfo
 from runtime.kernels.select import Kernels, quant_kernels, streamed_linear
 from runtime.layers.basic import pack_linears_for_cpu
+from runtime.layers.decode_layers import install as install_decode_layers
 from runtime.layers.parallel import Slot, TPGroup, VocabParallelEmbedding
 from runtime.models import MODELS
 from runtime.models.llama import ModelArgs
@@ -88,6 +89,7 @@ class ModelShape:
         if self.device.type == "cpu":
             kernels = quant_kernels(self.kernels)
             pack_linears_for_cpu(model, streamed_linear(self.kernels), kernels, kernels)
+            install_decode_layers(model, kernels)  # the addresses of the weights just packed
             for module in model.modules():
                 if isinstance(module, VocabParallelEmbedding):
                     module.quant_kernels = kernels  # blocks' rows looked up by the kernel

@@ -1,0 +1,146 @@
+"""A pure decode step's decoder layers in one call to the CPU kernels (cpu_decode.cpp).
+
+The model's Python calls a dozen kernels a layer; at a decode step's few rows what surrounds
+each call (a module's dispatch, a wrapper's checks, the views between them) costs more than
+the kernel itself. `DecodeLayers` describes every layer once, as the addresses of its weights
+and how each linear multiplies (the kernel `Linear.product` would pick for those rows), and a
+step hands the C++ loop only what changes: the rows, the rotary tables, the cache's layout.
+The same kernels run with the same arguments, so the results are the same bits as the
+layer-by-layer path (tests/test_decode_layers.py compares them).
+
+It covers what the kernels cover: one tensor-parallel rank, no q/k norms (Qwen3 keeps the
+Python path), linears the CPU kernels multiply. It is rebuilt whenever the weights are packed
+again (a weight update replaces their tensors); `plan` returns None where it does not apply.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+from torch import nn
+
+from runtime.kernels.cpu_library import DTYPES, LINEAR_TILE
+from runtime.kernels.quant_formats import BLOCK
+from runtime.layers.attention import AttentionMetadata
+from runtime.layers.basic import KIND_BLOCKS, KIND_STREAMED, Linear, LinearSpec
+from runtime.layers.rotary import Rope
+
+if TYPE_CHECKING:
+    from runtime.kernels.cpu import CpuKernels
+    from runtime.models.llama import DecoderLayer, LlamaForCausalLM
+
+SPEC_WORDS = 26  # int64 words of cpu_decode.cpp's LayerSpec
+
+
+class DecodeLayers:
+    def __init__(
+        self, model: LlamaForCausalLM, kernels: CpuKernels, linears: list[list[LinearSpec]]
+    ) -> None:
+        args, first = model.args, decoder_layers(model)[0]
+        self.kernels = kernels
+        self.dtype = first.input_layernorm.weight.dtype
+        self.layers = len(linears)
+        words = []
+        for layer, specs in zip(decoder_layers(model), linears, strict=True):
+            norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+            words += [norm.data_ptr() for norm in norms]
+            words += [word for spec in specs for word in spec[:6]]
+        self.spec = torch.tensor(words, dtype=torch.int64)
+        self.linears = [spec for specs in linears for spec in specs]
+        self.max_rows = min(spec.max_rows for spec in self.linears)
+        attention = first.self_attn
+        self.heads, self.kv_heads = attention.num_heads, attention.num_kv_heads
+        self.dim, self.scale = attention.head_dim, attention.scale
+        self.hidden, self.eps = args.hidden_size, first.input_layernorm.eps
+        qkv, gate_up = linears[0][0], linears[0][2]
+        self.widths = (self.hidden, qkv.n, self.heads * self.dim, gate_up.n, gate_up.n // 2)
+
+    def runs(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
+        """Whether this step is one the loop computes: decode rows only, with the kernels."""
+        return (
+            meta.kernels is self.kernels
+            and not meta.prefills
+            and meta.num_decodes == x.shape[0] <= self.max_rows
+            and x.dtype == self.dtype
+            and x.is_contiguous()
+            and meta.decode_tables is not None
+            and meta.decode_lens is not None
+        )
+
+    def __call__(
+        self, x: torch.Tensor, rope: Rope, kv_caches: torch.Tensor, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the last layer's output, the residual stream before it), as the layers return
+        them; x (the embeddings) becomes the residual stream, in place."""
+        assert meta.decode_tables is not None and meta.decode_lens is not None
+        rows = x.shape[0]
+        y = torch.empty_like(x)
+        work = torch.empty(rows * sum(self.widths), dtype=self.dtype)
+        starts = torch.tensor(self.widths).cumsum(0) - torch.tensor(self.widths)
+        step = work.element_size() * rows
+        buffers = torch.tensor([work.data_ptr() + step * int(s) for s in starts])
+        cos, sin = rope
+        _, kv_heads, num_blocks, block_size, dim = kv_caches.shape[1:]
+        steps = (cos, sin, meta.slot_mapping, meta.decode_tables, meta.decode_lens, kv_caches)
+        if (kv_heads, dim) != (self.kv_heads, self.dim) or not all(
+            t.is_contiguous() for t in steps
+        ):
+            raise ValueError("decode_layers takes contiguous step tensors of the model's shape")
+        self.kernels.decode_layers(
+            DTYPES[self.dtype], self.spec.data_ptr(), self.layers, x.data_ptr(), y.data_ptr(),
+            rows, self.hidden, self.heads, self.kv_heads, self.dim, self.eps, self.scale,
+            cos.data_ptr(), sin.data_ptr(), kv_caches.data_ptr(), kv_caches.stride(0),
+            num_blocks, block_size, meta.slot_mapping.data_ptr(), meta.decode_tables.data_ptr(),
+            meta.decode_tables.shape[1], meta.decode_lens.data_ptr(), buffers.data_ptr(),
+            self.kernels._scratch(self._scratch_bytes(rows)), torch.get_num_threads(),
+        )  # fmt: skip
+        return y, x
+
+    def _scratch_bytes(self, rows: int) -> int:
+        """What the linears' kernels need (cpu_matmul.py sizes the same per call)."""
+        threads = torch.get_num_threads()
+        need = 0
+        for spec in self.linears:
+            if spec.kind == KIND_BLOCKS:
+                need = max(need, rows * -(-spec.k // (2 * BLOCK)) * 192)
+            elif spec.kind == KIND_STREAMED and self.dtype == torch.bfloat16:
+                floats = rows * (spec.k + spec.n) + threads * LINEAR_TILE * spec.k
+                need = max(need, 4 * floats)
+        return max(need, 64)
+
+
+def install(model: nn.Module, kernels: Any) -> None:
+    """Give a Llama-family model the loop for its layers as now packed (or take it away,
+    where it does not apply: module docstring)."""
+    from runtime.models.llama import LlamaForCausalLM
+
+    if isinstance(model, LlamaForCausalLM):
+        model.decode_layers = plan(model, kernels)
+
+
+def plan(model: LlamaForCausalLM, kernels: Any) -> DecodeLayers | None:
+    from runtime.kernels.cpu import CpuKernels
+
+    if not isinstance(kernels, CpuKernels):
+        return None
+    layers = decoder_layers(model)
+    if model.args.qk_norm or not layers or layers[0].self_attn.o_proj.tp.size != 1:
+        return None
+    dtype = layers[0].input_layernorm.weight.dtype
+    linears = []
+    for layer in layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        modules: list[Linear] = [
+            attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj
+        ]  # fmt: skip
+        specs = [module.decode_spec(dtype) for module in modules]
+        norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+        if any(s is None for s in specs) or any(n.dtype != dtype for n in norms):
+            return None
+        linears.append([s for s in specs if s is not None])
+    return DecodeLayers(model, kernels, linears)
+
+
+def decoder_layers(model: LlamaForCausalLM) -> list[DecoderLayer]:
+    return cast("list[DecoderLayer]", list(model.model.layers))
