@@ -9,7 +9,9 @@ Two views, on the default model (SmolLM2-135M-Instruct) unless `--model` says ot
    called: the linears by shape (qkv, o, gate_up, down), attention, the final norm and the
    LM head (the vocabulary-wide logits), sampling, the small elementwise kernels (norms,
    rotary, SiLU), and what is left of the step (Python, input preparation). Decode at each
-   `--batch`, and a prefill of `--prefill` tokens. Each linear's time is set against its
+   `--batch` (through the model's Python layers, whose calls it can time; then the same steps
+   as served, a pure decode step's layers in one call: runtime/layers/decode_layers.py), and
+   a prefill of `--prefill` tokens. Each linear's time is set against its
    limit on this machine: reading its weights at the measured memory bandwidth (a STREAM-like
    copy) or its FLOPs at the measured GEMM rate (a large float32 GEMM, MKL's or oneDNN's,
    whichever is faster), whichever is longer.
@@ -114,6 +116,20 @@ def instrumented() -> Iterator[None]:
             setattr(owner, name, original)
 
 
+@contextmanager
+def layer_by_layer() -> Iterator[None]:
+    """Decode steps through the model's Python layers, whose kernels `instrumented` times
+    (runtime/layers/decode_layers.py runs them in one call, out of its sight)."""
+    from runtime.layers.decode_layers import DecodeLayers
+
+    runs = DecodeLayers.runs
+    DecodeLayers.runs = lambda self, x, meta: False  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DecodeLayers.runs = runs  # type: ignore[method-assign]
+
+
 def machine_limits(threads: int) -> tuple[float, float]:
     """(float32 GEMM FLOP/s, memory bandwidth in bytes/s) with `threads` threads: the best of
     several runs each, as STREAM reports, and for the GEMM the faster of torch's `mm` (MKL)
@@ -210,8 +226,13 @@ async def worker_view(args: argparse.Namespace) -> None:
             for batch in args.batch:
                 SPENT.clear()
                 IDEAL.clear()
+                with layer_by_layer():
+                    steps = await decode_steps(engine, batch, 16, args.output_len)
+                table(f"decode, batch {batch}, layer by layer", steps)
+                SPENT.clear()
                 steps = await decode_steps(engine, batch, 16, args.output_len)
-                table(f"decode, batch {batch}", steps)
+                print(f"  as served, a decode step's layers in one call where the kernels "
+                      f"cover them: {1000 * SPENT['step'] / steps:.2f} ms a step")  # fmt: skip
             SPENT.clear()
             IDEAL.clear()
             steps = await decode_steps(engine, 1, args.prefill, 1)
