@@ -4,7 +4,9 @@ references (decode and extend); sampling against the torch sampler."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from runtime.kernels.cpu import CpuKernels
 from runtime.kernels.select import SamplingKernels
 from runtime.worker.sampler import choose, make_sampling_batch
 
@@ -132,3 +134,34 @@ def check_sampling_among_ties(
     ).cpu()
     assert tokens.tolist() == expected.tolist()
     assert set(tokens.tolist()) == {3 + i for i in allowed}  # every kept tie, no other
+
+
+# linears against panels (runtime/kernels/cpu_panels.cpp): tests/test_cpu_panels.py, and the
+# AVX2 build in tests/test_quant_kernels.py
+PANEL_TOLERANCE = {
+    torch.float32: {"atol": 1e-3, "rtol": 1e-5},  # sums of up to 4096 products near 64
+    torch.bfloat16: {"atol": 0.05, "rtol": 1e-2},
+}
+
+
+def check_panel_linear(
+    panel_kernels: CpuKernels, dtype: torch.dtype, rows: int, n: int, k: int, bias: bool
+) -> None:
+    gen = torch.Generator().manual_seed(rows * n + k)
+    x, weight = (torch.randn(*shape, generator=gen).to(dtype) for shape in ((rows, k), (n, k)))
+    b = torch.randn(n, generator=gen).to(dtype) if bias else None
+    out = panel_kernels.panel_linear(x, panel_kernels.pack_panels(weight), n, b)
+    expected = F.linear(x.double(), weight.double(), None if b is None else b.double())
+    assert out.dtype == dtype and out.shape == (rows, n)
+    # bfloat16 products are exact in float32; the sums round as float32, the result once
+    torch.testing.assert_close(out.double(), expected, **PANEL_TOLERANCE[dtype])
+
+
+PANEL_SHAPES = [
+    (1, 32, 2, False),  # one row, one panel, one pair of k
+    (5, 45, 64, True),  # a panel cut short at column 45 (and one of its vectors empty)
+    (12, 100, 130, True),  # a full group of 12 rows
+    (32, 576, 576, False),  # a decode batch of SmolLM2's shape: groups of 10, 11, 11
+    (13, 17, 96, True),  # fewer columns than one vector
+    (150, 64, 4096, True),  # a prefill in several blocks of rows (64 bf16 rows fill 512 KB)
+]

@@ -1,7 +1,8 @@
-"""bfloat16 linears against weights packed into panels (runtime/kernels/cpu_panels.cpp), on
-CPUs with AVX512-BF16: the products against a float64 reference, the refusals, and the
-Linear layer that hands them every bfloat16 step. Elsewhere the build has no panels (the
-AVX2 build's test in test_quant_kernels.py checks that) and these skip."""
+"""Linears against weights packed into panels (runtime/kernels/cpu_panels.cpp): float32 on
+any CPU, bfloat16 on CPUs with AVX512-BF16 (elsewhere those tests skip): the products against
+a float64 reference, the refusals, and the Linear layer that hands them every step of its
+dtype where the build's panels take it (the AVX2 build's test in test_quant_kernels.py checks
+its float32 panels and that they are not taken there)."""
 
 from __future__ import annotations
 
@@ -11,42 +12,28 @@ import torch.nn.functional as F
 
 from runtime.kernels.cpu import KernelError, load_cpu_kernels
 from runtime.layers.basic import Linear
+from tests.kernel_cases import PANEL_SHAPES, PANEL_TOLERANCE, check_panel_linear
 
 kernels = load_cpu_kernels()
-pytestmark = pytest.mark.skipif(
-    not kernels.has_panels, reason="panels need AVX512-BF16 (and no AMX, where oneDNN stays)"
+needs_bf16 = pytest.mark.skipif(
+    torch.bfloat16 not in kernels.panel_dtypes,
+    reason="bfloat16 panels need AVX512-BF16 (and no AMX, where oneDNN stays)",
 )
+DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16)]
 
 
-def bf16(*shape: int, gen: torch.Generator) -> torch.Tensor:
-    return torch.randn(*shape, generator=gen).to(torch.bfloat16)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("rows", "n", "k", "bias"), PANEL_SHAPES)
+def test_panel_linear_matches_float64_reference(
+    dtype: torch.dtype, rows: int, n: int, k: int, bias: bool
+) -> None:
+    check_panel_linear(kernels, dtype, rows, n, k, bias)
 
 
-@pytest.mark.parametrize(
-    ("rows", "n", "k", "bias"),
-    [
-        (1, 32, 2, False),  # one row, one panel, one pair of k
-        (5, 45, 64, True),  # a panel cut short at column 45 (and one of its vectors empty)
-        (12, 100, 130, True),  # a full group of 12 rows
-        (32, 576, 576, False),  # a decode batch of SmolLM2's shape: groups of 10, 11, 11
-        (13, 17, 96, True),  # fewer columns than one vector
-        (150, 64, 4096, True),  # a prefill in three blocks of rows (64 rows fill 512 KB)
-    ],
-)
-def test_panel_linear_matches_float64_reference(rows: int, n: int, k: int, bias: bool) -> None:
-    gen = torch.Generator().manual_seed(rows * n + k)
-    x, weight = bf16(rows, k, gen=gen), bf16(n, k, gen=gen)
-    b = bf16(n, gen=gen) if bias else None
-    out = kernels.panel_linear(x, kernels.pack_panels(weight), n, b)
-    expected = F.linear(x.double(), weight.double(), None if b is None else b.double())
-    assert out.dtype == torch.bfloat16 and out.shape == (rows, n)
-    # bfloat16 products are exact in float32; the sums round as float32, the result once
-    torch.testing.assert_close(out.double(), expected, atol=0.05, rtol=1e-2)
-
-
-def test_panel_linear_is_the_same_on_one_thread_and_two() -> None:
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_panel_linear_is_the_same_on_one_thread_and_two(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(1)
-    x, weight = bf16(20, 256, gen=gen), bf16(200, 256, gen=gen)
+    x, weight = (torch.randn(*shape, generator=gen).to(dtype) for shape in ((20, 256), (200, 256)))
     panels = kernels.pack_panels(weight)
     threads = torch.get_num_threads()
     try:
@@ -59,11 +46,12 @@ def test_panel_linear_is_the_same_on_one_thread_and_two() -> None:
     assert torch.equal(one, two)  # each output is one thread's sum, in one order
 
 
+@needs_bf16
 def test_panels_refuse_what_they_cannot_multiply() -> None:
     with pytest.raises(KernelError, match="k is odd"):
         kernels.pack_panels(torch.zeros(8, 7, dtype=torch.bfloat16))
     with pytest.raises(KernelError, match="dtype"):
-        kernels.pack_panels(torch.zeros(8, 8))
+        kernels.pack_panels(torch.zeros(8, 8, dtype=torch.int32))
     panels = kernels.pack_panels(torch.zeros(40, 8, dtype=torch.bfloat16))
     with pytest.raises(KernelError, match="panelled outputs"):  # x's k is not the weight's
         kernels.panel_linear(torch.zeros(2, 6, dtype=torch.bfloat16), panels, 40)
@@ -74,28 +62,32 @@ def test_panels_refuse_what_they_cannot_multiply() -> None:
         kernels.panel_linear(torch.zeros(2, 8, dtype=torch.bfloat16), panels, 40, bias)
 
 
-def test_bfloat16_linear_layers_hand_every_step_to_the_panels() -> None:
-    layer = Linear(64, 48, bias=True).to(torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_layers_hand_every_step_of_their_dtype_to_the_panels(dtype: torch.dtype) -> None:
+    if dtype not in kernels.panel_dtypes:
+        pytest.skip(f"this build's panels do not take {dtype} linears (panel_isa)")
+    layer = Linear(64, 48, bias=True).to(dtype)
     layer.pack_for_cpu(kernels.linear, quant_kernels=kernels, panel_kernels=kernels)
     assert layer.panels is not None and layer.packed is None  # one packed copy, not two
     with torch.no_grad():
         for rows in (1, 2, 32, 300):
-            x = torch.randn(rows, 64).to(torch.bfloat16)
+            x = torch.randn(rows, 64).to(dtype)
             expected = F.linear(x.double(), layer.weight.double(), layer.bias.double())
-            torch.testing.assert_close(layer(x).double(), expected, atol=0.05, rtol=1e-2)
+            torch.testing.assert_close(layer(x).double(), expected, **PANEL_TOLERANCE[dtype])
         # a weight update repacks: the panels follow the new weight
         layer.weight.mul_(-1)
         layer.pack_for_cpu(kernels.linear, quant_kernels=kernels, panel_kernels=kernels)
-        x = torch.randn(3, 64).to(torch.bfloat16)
+        x = torch.randn(3, 64).to(dtype)
         expected = F.linear(x.double(), layer.weight.double(), layer.bias.double())
-        torch.testing.assert_close(layer(x).double(), expected, atol=0.05, rtol=1e-2)
+        torch.testing.assert_close(layer(x).double(), expected, **PANEL_TOLERANCE[dtype])
 
 
-def test_odd_or_float32_weights_keep_their_other_paths() -> None:
+@needs_bf16
+def test_odd_or_unfitting_weights_keep_their_other_paths() -> None:
     odd = Linear(63, 8).to(torch.bfloat16)
     odd.pack_for_cpu(kernels.linear, panel_kernels=kernels)
-    float32 = Linear(64, 8)
-    float32.pack_for_cpu(kernels.linear, panel_kernels=kernels)
+    float32 = Linear(64, 8)  # its copies would not fit in memory
+    float32.pack_for_cpu(kernels.linear, panel_kernels=kernels, float32=False)
     assert odd.panels is None and float32.panels is None
     with torch.no_grad():
         x = torch.randn(4, 63).to(torch.bfloat16)

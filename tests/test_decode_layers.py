@@ -55,8 +55,9 @@ async def python_layers(
 async def test_one_call_gives_the_python_layers_bits(
     dtype: str, model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # qwen2: a bias on q, k and v (llama's layers are the same calls without it). float32
-    # weights packed for oneDNN take steps of 3 rows or more there: the loop covers 1 and 2
+    # qwen2: a bias on q, k and v (llama's layers are the same calls without it). Where
+    # float32 weights are packed for oneDNN (AVX2) it takes steps of 3 rows or more: two
+    # prompts, so that the loop covers their steps on every CPU
     config = EngineConfig(model=str(model_dirs["qwen2"]), mode="inproc", dtype=dtype)
     prompts = PROMPTS if dtype == "bfloat16" else PROMPTS[1:3]
     looped, calls = await generate(config, monkeypatch, prompts)

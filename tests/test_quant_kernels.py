@@ -22,6 +22,7 @@ from runtime.kernels.cpu_build import FLAGS, ISA_FLAGS, SOURCES, build_flags
 from runtime.kernels.quant_formats import BLOCK, FORMATS, dequantize, quantize, scales_finite
 from runtime.layers.basic import Linear
 from runtime.layers.quantized import QUANT_ROWS
+from tests.kernel_cases import PANEL_SHAPES, check_panel_linear
 
 NAMES = list(FORMATS)
 SHAPES = [  # rows, n, k, bias
@@ -138,7 +139,9 @@ def test_the_avx2_kernels_match_on_an_avx512_cpu_too(tmp_path: Path) -> None:
     """What RUNTIME_KERNEL_ISA=avx2 builds: the AVX2 products, whatever else the CPU has."""
     kernels = build(tmp_path, "avx2", *ISA_FLAGS["avx2"])
     assert kernels.quant_isa == "AVX2"
-    assert not kernels.has_panels  # bfloat16 linears go to oneDNN or cpu_linear.cpp there
+    assert not kernels.panel_dtypes  # linears go to oneDNN or cpu_linear.cpp there
+    for rows, n, k, bias in PANEL_SHAPES:  # its float32 panels (half a panel a pass) multiply
+        check_panel_linear(kernels, torch.float32, rows, n, k, bias)
     for name in NAMES:
         for rows, n, k, bias in SHAPES:
             check_kernel(kernels, name, rows, n, k, bias)

@@ -26,8 +26,8 @@ int paged_decode(int dtype, void* out, const void* q, int64_t q_token_stride, co
                  int64_t dim, float scale, int threads);
 int skinny_linear(int dtype, void* y, const void* x, const void* w, const void* bias,
                   int64_t rows, int64_t n, int64_t k, float* scratch, int threads);
-int panel_linear(void* y, const void* x, const void* packed, const void* bias, int64_t rows,
-                 int64_t n, int64_t k, int threads);
+int panel_linear(int dtype, void* y, const void* x, const void* packed, const void* bias,
+                 int64_t rows, int64_t n, int64_t k, int threads);
 int quant_linear(int qtype, float* y, const float* x, const uint8_t* w, const float* bias,
                  int64_t rows, int64_t n, int64_t k, void* scratch, int threads);
 }
@@ -69,7 +69,8 @@ int product(const Step& s, const LinearSpec& l, void* y, const void* x) {
       return skinny_linear(s.dtype, y, x, at(l.weight), at(l.bias), s.rows, l.n, l.k,
                            static_cast<float*>(s.scratch), s.threads);
     case kPanels:
-      return panel_linear(y, x, at(l.weight), at(l.bias), s.rows, l.n, l.k, s.threads);
+      return panel_linear(s.dtype, y, x, at(l.weight), at(l.bias), s.rows, l.n, l.k,
+                          s.threads);
     case kBlocks:
       return quant_linear(int(l.format), static_cast<float*>(y), static_cast<const float*>(x),
                           static_cast<const uint8_t*>(at(l.weight)),

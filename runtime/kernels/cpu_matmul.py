@@ -11,6 +11,8 @@ from runtime.kernels.checks import KernelError, check_contiguous
 from runtime.kernels.cpu_library import DTYPES, LINEAR_TILE, PANEL, QUANT_ISAS, CpuLibrary
 from runtime.kernels.quant_formats import BLOCK, QuantFormat
 
+PANEL_DTYPES = {1: torch.bfloat16, 2: torch.float32}  # panel_isa's bits
+
 
 class CpuMatmuls(CpuLibrary):
     """The matmul kernels' torch-shaped wrappers."""
@@ -46,32 +48,35 @@ class CpuMatmuls(CpuLibrary):
         return out
 
     @property
-    def has_panels(self) -> bool:
-        """Whether this build multiplies bfloat16 panels (AVX512-BF16 without AMX: CPUs with
-        AMX keep oneDNN, whose AMX path cpu_panels.cpp does not match)."""
-        return bool(self._functions["panel_isa"]())
+    def panel_dtypes(self) -> frozenset[torch.dtype]:
+        """The dtypes whose linears this build's panels take (cpu_panels.cpp's panel_isa):
+        bfloat16 with AVX512-BF16 and no AMX (with AMX, oneDNN's path stays), float32 with
+        AVX-512 (with AVX2 only, oneDNN's GEMM stays ahead)."""
+        kinds = int(self._functions["panel_isa"]())
+        return frozenset(dtype for bit, dtype in PANEL_DTYPES.items() if kinds & bit)
 
     def pack_panels(self, weight: torch.Tensor) -> torch.Tensor:
-        """A bfloat16 weight [n, k] (k even) packed into the panels `panel_linear` reads."""
-        check_contiguous(weight, dtypes={torch.bfloat16: 1})
+        """A weight [n, k] (bfloat16: k even) packed into the panels `panel_linear` reads.
+        float32 packs on any CPU; bfloat16 where the build has AVX512-BF16."""
+        check_contiguous(weight, dtypes=DTYPES)
         n, k = weight.shape
         panels = weight.new_empty(-(-n // PANEL) * PANEL * k)
-        self._call("panel_pack", panels.data_ptr(), weight.data_ptr(), n, k, _threads())
+        dtype = DTYPES[weight.dtype]
+        self._call("panel_pack", dtype, panels.data_ptr(), weight.data_ptr(), n, k, _threads())
         return panels
 
     def panel_linear(
         self, x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """bfloat16 x [rows, k] @ W^T + bias, W [n, k] packed by `pack_panels`."""
-        check_contiguous(x, panels, *(() if bias is None else (bias,)), dtypes={torch.bfloat16: 1})
+        """x [rows, k] @ W^T + bias, W [n, k] packed by `pack_panels`, all of x's dtype."""
+        check_contiguous(x, panels, *(() if bias is None else (bias,)), dtypes=DTYPES)
         rows, k = x.shape
-        if panels.numel() != -(-n // PANEL) * PANEL * k or (
-            bias is not None and bias.shape != (n,)
-        ):
+        expected = -(-n // PANEL) * PANEL * k
+        if panels.numel() != expected or (bias is not None and bias.shape != (n,)):
             raise KernelError(f"x {tuple(x.shape)} against {n} panelled outputs")
         out = x.new_empty((rows, n))
         self._call(
-            "panel_linear", out.data_ptr(), x.data_ptr(), panels.data_ptr(),
+            "panel_linear", DTYPES[x.dtype], out.data_ptr(), x.data_ptr(), panels.data_ptr(),
             None if bias is None else bias.data_ptr(), rows, n, k, _threads(),
         )  # fmt: skip
         return out

@@ -87,7 +87,7 @@ class PanelKernels(Protocol):
     """What runtime/kernels/cpu_matmul.py offers for bfloat16 weights packed into panels."""
 
     @property
-    def has_panels(self) -> bool: ...
+    def panel_dtypes(self) -> frozenset[torch.dtype]: ...
 
     def pack_panels(self, weight: torch.Tensor) -> torch.Tensor: ...
 
@@ -103,9 +103,10 @@ class Linear(nn.Linear):
     run 15-45% faster that way, with identical results, and float32 ones 10-50% faster than
     MKL's sgemm, which packs the weight again on every call (results differ from it in the
     last bits, as two BLAS libraries' do). Or its weight is kept as GGUF blocks (`quantize_`),
-    which runtime/layers/quantized.py multiplies. Where the CPU has AVX512-BF16 (and no
-    AMX), a bfloat16 weight is packed into cpu_panels.cpp's panels instead of for oneDNN:
-    that kernel multiplies every number of rows faster (1.6x at one row, 1.25x at 32).
+    which runtime/layers/quantized.py multiplies. Where the CPU kernels have panels for the
+    weight's dtype (bfloat16: AVX512-BF16 without AMX; float32: AVX-512), it is packed into
+    cpu_panels.cpp's panels instead of for oneDNN: they multiply every number of rows of a
+    step as fast or faster (bfloat16 1.6x at one row, 1.25x at 32; float32 1.5x, 1.1x).
     """
 
     packed: torch.Tensor | None = None
@@ -137,7 +138,7 @@ class Linear(nn.Linear):
         self.packed = self.panels = None
         self.quant_kernels = quant_kernels
         self.panel_kernels = panel_kernels
-        if self._panelled(panel_kernels):
+        if self._panelled(panel_kernels, float32):
             assert panel_kernels is not None
             self.panels = panel_kernels.pack_panels(self.weight.detach())
         elif (
@@ -148,17 +149,14 @@ class Linear(nn.Linear):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), batch_hint)
         self.streamed = streamed if self.weight.device.type == "cpu" else None
 
-    def _panelled(self, kernels: PanelKernels | None) -> bool:
+    def _panelled(self, kernels: PanelKernels | None, float32: bool) -> bool:
         weight = self.weight
-        return (
-            kernels is not None
-            and kernels.has_panels
-            and self.quant is None
-            and weight.device.type == "cpu"
-            and weight.dtype == torch.bfloat16
-            and weight.dim() == 2
-            and weight.shape[1] % 2 == 0
-        )
+        if kernels is None or self.quant is not None or weight.device.type != "cpu":
+            return False
+        if weight.dtype == torch.float32 and not float32:  # the copies would not fit
+            return False
+        odd = weight.dtype == torch.bfloat16 and weight.shape[1] % 2  # pairs of k
+        return weight.dtype in kernels.panel_dtypes and weight.dim() == 2 and not odd
 
     def _packs(self, streamed: StreamedLinear | None, float32: bool) -> bool:
         if not torch.backends.mkldnn.is_available():
@@ -195,7 +193,7 @@ class Linear(nn.Linear):
             if self.quant_kernels is None or dtype != torch.float32:
                 return None
             return LinearSpec(KIND_BLOCKS, self.quant.code, *address, n, k, QUANT_ROWS)
-        if self.panels is not None and dtype == torch.bfloat16:
+        if self.panels is not None and dtype == weight.dtype:
             return LinearSpec(KIND_PANELS, 0, self.panels.data_ptr(), address[1], n, k, 1 << 30)
         if self.streamed is None or weight.dtype != dtype or not weight.is_contiguous():
             return None
@@ -206,7 +204,7 @@ class Linear(nn.Linear):
         return LinearSpec(KIND_STREAMED, 0, *address, n, k, rows)
 
     def _fits_panels(self, x: torch.Tensor) -> bool:
-        return x.dim() == 2 and x.is_contiguous() and x.dtype == torch.bfloat16
+        return x.dim() == 2 and x.is_contiguous() and x.dtype == self.weight.dtype
 
     def _streams(self, x: torch.Tensor) -> bool:
         if x.dim() != 2 or not x.is_contiguous() or x.dtype != self.weight.dtype:
@@ -235,7 +233,8 @@ def float32_copies_fit(linears: list[Linear]) -> bool:
     float32 would want 28 GB more). Once packed they stay so, through weight updates: the
     new copies replace the old ones."""
     weights = [m.weight for m in linears if m.quant is None and m.weight.dtype == torch.float32]
-    if any(m.packed is not None for m in linears if m.weight.dtype == torch.float32):
+    packed = (m for m in linears if m.packed is not None or m.panels is not None)
+    if any(m.weight.dtype == torch.float32 for m in packed):
         return True
     size = sum(w.numel() * w.element_size() for w in weights if w.device.type == "cpu")
     if size <= available_memory() // 2:
