@@ -84,7 +84,7 @@ class LinearSpec(NamedTuple):
 
 
 class PanelKernels(Protocol):
-    """What runtime/kernels/cpu_matmul.py offers for bfloat16 weights packed into panels."""
+    """What runtime/kernels/cpu_matmul.py offers for weights packed into panels."""
 
     @property
     def panel_dtypes(self) -> frozenset[torch.dtype]: ...
@@ -133,8 +133,8 @@ class Linear(nn.Linear):
         AVX-NE-CONVERT, not plain AVX2), float32 if `float32` and with the CPU kernels only
         (without them the layers stay torch's reference path). Where nothing is packed, a
         decode step's rows (bf16: all rows) go to `streamed`; where it is, a step of one or
-        two rows does. Blocks go to `quant_kernels`; bfloat16 weights to `panel_kernels`
-        where it has panels."""
+        two rows does. Blocks go to `quant_kernels`; weights of a dtype whose panels
+        `panel_kernels` has go to them instead of oneDNN (float32 only if `float32`)."""
         self.packed = self.panels = None
         self.quant_kernels = quant_kernels
         self.panel_kernels = panel_kernels
