@@ -15,6 +15,7 @@ again (a weight update replaces their tensors); `plan` returns None where it doe
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -54,7 +55,10 @@ class DecodeLayers:
         self.dim, self.scale = attention.head_dim, attention.scale
         self.hidden, self.eps = args.hidden_size, first.input_layernorm.eps
         qkv, gate_up = linears[0][0], linears[0][2]
-        self.widths = (self.hidden, qkv.n, self.heads * self.dim, gate_up.n, gate_up.n // 2)
+        # the step's buffers (cpu_decode.cpp's Work), each [rows, width], in one tensor
+        widths = (self.hidden, qkv.n, self.heads * self.dim, gate_up.n, gate_up.n // 2)
+        self.width, self.starts = sum(widths), list(itertools.accumulate((0, *widths[:-1])))
+        self.scratch = scratch_sizes(self.linears, self.dtype)
 
     def runs(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
         """Whether this step is one the loop computes: decode rows only, with the kernels."""
@@ -74,12 +78,11 @@ class DecodeLayers:
         """(the last layer's output, the residual stream before it), as the layers return
         them; x (the embeddings) becomes the residual stream, in place."""
         assert meta.decode_tables is not None and meta.decode_lens is not None
-        rows = x.shape[0]
+        rows, threads = x.shape[0], torch.get_num_threads()
         y = torch.empty_like(x)
-        work = torch.empty(rows * sum(self.widths), dtype=self.dtype)
-        starts = torch.tensor(self.widths).cumsum(0) - torch.tensor(self.widths)
+        work = torch.empty(rows * self.width, dtype=self.dtype)
         step = work.element_size() * rows
-        buffers = torch.tensor([work.data_ptr() + step * int(s) for s in starts])
+        buffers = torch.tensor([work.data_ptr() + step * start for start in self.starts])
         cos, sin = rope
         _, kv_heads, num_blocks, block_size, dim = kv_caches.shape[1:]
         steps = (cos, sin, meta.slot_mapping, meta.decode_tables, meta.decode_lens, kv_caches)
@@ -93,21 +96,24 @@ class DecodeLayers:
             cos.data_ptr(), sin.data_ptr(), kv_caches.data_ptr(), kv_caches.stride(0),
             num_blocks, block_size, meta.slot_mapping.data_ptr(), meta.decode_tables.data_ptr(),
             meta.decode_tables.shape[1], meta.decode_lens.data_ptr(), buffers.data_ptr(),
-            self.kernels._scratch(self._scratch_bytes(rows)), torch.get_num_threads(),
+            self.kernels._scratch(self._scratch_bytes(rows, threads)), threads,
         )  # fmt: skip
         return y, x
 
-    def _scratch_bytes(self, rows: int) -> int:
-        """What the linears' kernels need (cpu_matmul.py sizes the same per call)."""
-        threads = torch.get_num_threads()
-        need = 0
-        for spec in self.linears:
-            if spec.kind == KIND_BLOCKS:
-                need = max(need, rows * -(-spec.k // (2 * BLOCK)) * 192)
-            elif spec.kind == KIND_STREAMED and self.dtype == torch.bfloat16:
-                floats = rows * (spec.k + spec.n) + threads * LINEAR_TILE * spec.k
-                need = max(need, 4 * floats)
-        return max(need, 64)
+    def _scratch_bytes(self, rows: int, threads: int) -> int:
+        return max(per_row * rows + per_thread * threads for per_row, per_thread in self.scratch)
+
+
+def scratch_sizes(linears: list[LinearSpec], dtype: torch.dtype) -> set[tuple[int, int]]:
+    """The scratch bytes each linear's kernel needs, as (per row, per thread): the step's
+    need is the largest (cpu_matmul.py sizes the same per call)."""
+    sizes = {(0, 64)}
+    for spec in linears:
+        if spec.kind == KIND_BLOCKS:
+            sizes.add((-(-spec.k // (2 * BLOCK)) * 192, 0))
+        elif spec.kind == KIND_STREAMED and dtype == torch.bfloat16:
+            sizes.add((4 * (spec.k + spec.n), 4 * LINEAR_TILE * spec.k))
+    return sizes
 
 
 def install(model: nn.Module, kernels: Any) -> None:
