@@ -223,8 +223,11 @@ def test_malformed_json_over_http(server: ServerProcess) -> None:
 def test_api_key_and_sigterm_drain(llama_dir: Path) -> None:
     """With --api-key: 401 without it. On SIGTERM: in-flight requests finish or end with
     finish_reason "abort" at the drain deadline, the process exits 0, no child survives."""
+    # the drain deadline must come before the request's 2000 tokens do: at 2 s it did not
+    # always, once the tiny model's decode steps ran in one call (~1 ms a step, messaging
+    # included); 2000 steps take over 0.3 s on any machine
     proc = ServerProcess(
-        llama_dir, "--api-key", "k3y", "--drain-timeout", "2", "--max-model-len", "2048"
+        llama_dir, "--api-key", "k3y", "--drain-timeout", "0.3", "--max-model-len", "2048"
     )
     try:
         children = proc.child_pids()
