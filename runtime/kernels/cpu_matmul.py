@@ -29,8 +29,7 @@ class CpuMatmuls(CpuLibrary):
             raise KernelError(f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
         out = x.new_empty((rows, n))
         threads = torch.get_num_threads()
-        # bfloat16 is widened to float32 in scratch: x, the results, a weight tile per thread
-        floats = rows * (k + n) + threads * LINEAR_TILE * k if x.dtype == torch.bfloat16 else 0
+        floats = streamed_scratch_floats(rows, n, k, threads) if x.dtype == torch.bfloat16 else 0
         scratch = torch.empty(floats, dtype=torch.float32)
         self._call(
             "skinny_linear",
@@ -94,7 +93,7 @@ class CpuMatmuls(CpuLibrary):
         n = blocks.shape[0]
         out = x.new_empty((rows, n))
         # x quantized: int8 values and two float vectors per step of 64 (cpu_quant.cpp)
-        scratch = self._scratch(rows * -(-k // (2 * BLOCK)) * 192)
+        scratch = self._scratch(quant_scratch_bytes(rows, k))
         self._call(
             "quant_linear",
             fmt.code,
@@ -147,3 +146,13 @@ def _check_blocks(
 
 def _threads() -> int:
     return torch.get_num_threads()  # torch's setting (OpenMP's own is per OS thread)
+
+
+def streamed_scratch_floats(rows: int, n: int, k: int, threads: int) -> int:
+    """What cpu_linear.cpp widens bfloat16 into: x, the results, a weight tile per thread."""
+    return rows * (k + n) + threads * LINEAR_TILE * k
+
+
+def quant_scratch_bytes(rows: int, k: int) -> int:
+    """x quantized for cpu_quant.cpp: int8 values and two float vectors per step of 64."""
+    return rows * -(-k // (2 * BLOCK)) * 192

@@ -197,11 +197,7 @@ class Linear(nn.Linear):
             return LinearSpec(KIND_PANELS, 0, self.panels.data_ptr(), address[1], n, k, 1 << 30)
         if self.streamed is None or weight.dtype != dtype or not weight.is_contiguous():
             return None
-        if self.packed is not None:
-            rows = PACKED_STREAMED_ROWS
-        else:
-            rows = STREAMED_ROWS if dtype == torch.float32 else 1 << 30
-        return LinearSpec(KIND_STREAMED, 0, *address, n, k, rows)
+        return LinearSpec(KIND_STREAMED, 0, *address, n, k, self._streamed_rows())
 
     def _fits_panels(self, x: torch.Tensor) -> bool:
         return x.dim() == 2 and x.is_contiguous() and x.dtype == self.weight.dtype
@@ -209,9 +205,13 @@ class Linear(nn.Linear):
     def _streams(self, x: torch.Tensor) -> bool:
         if x.dim() != 2 or not x.is_contiguous() or x.dtype != self.weight.dtype:
             return False
+        return x.shape[0] <= self._streamed_rows()
+
+    def _streamed_rows(self) -> int:
+        """Up to how many rows of a step `streamed` takes; beyond, oneDNN or BLAS."""
         if self.packed is not None:  # oneDNN takes all but the smallest steps
-            return x.shape[0] <= PACKED_STREAMED_ROWS
-        return x.shape[0] <= STREAMED_ROWS or x.dtype == torch.bfloat16
+            return PACKED_STREAMED_ROWS
+        return STREAMED_ROWS if self.weight.dtype == torch.float32 else 1 << 30
 
 
 def pack_linears_for_cpu(

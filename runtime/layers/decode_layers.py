@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from runtime.kernels.cpu_library import DTYPES, LINEAR_TILE
-from runtime.kernels.quant_formats import BLOCK
+from runtime.kernels.cpu_library import DTYPES
+from runtime.kernels.cpu_matmul import quant_scratch_bytes, streamed_scratch_floats
 from runtime.layers.attention import AttentionMetadata
 from runtime.layers.basic import KIND_BLOCKS, KIND_STREAMED, Linear, LinearSpec
 from runtime.layers.rotary import Rope
@@ -106,13 +106,14 @@ class DecodeLayers:
 
 def scratch_sizes(linears: list[LinearSpec], dtype: torch.dtype) -> set[tuple[int, int]]:
     """The scratch bytes each linear's kernel needs, as (per row, per thread): the step's
-    need is the largest (cpu_matmul.py sizes the same per call)."""
+    need is the largest, as cpu_matmul.py sizes it per call."""
     sizes = {(0, 64)}
     for spec in linears:
         if spec.kind == KIND_BLOCKS:
-            sizes.add((-(-spec.k // (2 * BLOCK)) * 192, 0))
+            sizes.add((quant_scratch_bytes(1, spec.k), 0))
         elif spec.kind == KIND_STREAMED and dtype == torch.bfloat16:
-            sizes.add((4 * (spec.k + spec.n), 4 * LINEAR_TILE * spec.k))
+            per_row = streamed_scratch_floats(1, spec.n, spec.k, 0)
+            sizes.add((4 * per_row, 4 * streamed_scratch_floats(0, spec.n, spec.k, 1)))
     return sizes
 
 
