@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from runtime.config.engine import EngineConfig
 from runtime.config.sampling import SamplingParams
 from runtime.frontend.launch import open_engine
-from runtime.kernels.cpu import CpuKernels
+from runtime.kernels.cpu import CpuKernels, load_cpu_kernels
 from runtime.layers import decode_layers
 from tests.engine_helpers import collect_all, random_prompts
 
@@ -55,11 +56,13 @@ async def python_layers(
 async def test_one_call_gives_the_python_layers_bits(
     dtype: str, model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # qwen2: a bias on q, k and v (llama's layers are the same calls without it). Where
-    # float32 weights are packed for oneDNN (AVX2) it takes steps of 3 rows or more: two
-    # prompts, so that the loop covers their steps on every CPU
+    # qwen2: a bias on q, k and v (llama's layers are the same calls without it). Where the
+    # weights are packed for oneDNN instead of panels (AVX2 float32, bfloat16 with AMX or
+    # without AVX512-BF16), oneDNN takes steps of 3 rows or more: two prompts there, so that
+    # the loop covers their steps on every CPU
     config = EngineConfig(model=str(model_dirs["qwen2"]), mode="inproc", dtype=dtype)
-    prompts = PROMPTS if dtype == "bfloat16" else PROMPTS[1:3]
+    panels = load_cpu_kernels().panel_dtypes
+    prompts = PROMPTS if getattr(torch, dtype) in panels else PROMPTS[1:3]
     looped, calls = await generate(config, monkeypatch, prompts)
     assert calls > 0
     assert looped == await python_layers(config, monkeypatch, prompts)
