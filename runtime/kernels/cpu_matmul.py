@@ -1,6 +1,6 @@
 """The CPU kernels' matmuls: a decode step's rows against float32 or bfloat16 weights
-(cpu_linear.cpp), bfloat16 against weights packed into panels (cpu_panels.cpp), and rows
-against GGUF's quantized blocks (cpu_quant.cpp).
+(cpu_linear.cpp), rows against weights packed into panels (cpu_panels.cpp), and rows against
+GGUF's quantized blocks (cpu_quant.cpp).
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ class CpuMatmuls(CpuLibrary):
         check_contiguous(weight, dtypes=DTYPES)
         n, k = weight.shape
         panels = weight.new_empty(-(-n // PANEL) * PANEL * k)
+        threads = torch.get_num_threads()
         dtype = DTYPES[weight.dtype]
-        self._call("panel_pack", dtype, panels.data_ptr(), weight.data_ptr(), n, k, _threads())
+        self._call("panel_pack", dtype, panels.data_ptr(), weight.data_ptr(), n, k, threads)
         return panels
 
     def panel_linear(
@@ -76,7 +77,7 @@ class CpuMatmuls(CpuLibrary):
         out = x.new_empty((rows, n))
         self._call(
             "panel_linear", DTYPES[x.dtype], out.data_ptr(), x.data_ptr(), panels.data_ptr(),
-            None if bias is None else bias.data_ptr(), rows, n, k, _threads(),
+            None if bias is None else bias.data_ptr(), rows, n, k, torch.get_num_threads(),
         )  # fmt: skip
         return out
 
@@ -92,7 +93,6 @@ class CpuMatmuls(CpuLibrary):
         rows, k = _check_blocks(x, blocks, fmt, bias)
         n = blocks.shape[0]
         out = x.new_empty((rows, n))
-        # x quantized: int8 values and two float vectors per step of 64 (cpu_quant.cpp)
         scratch = self._scratch(quant_scratch_bytes(rows, k))
         self._call(
             "quant_linear",
@@ -142,10 +142,6 @@ def _check_blocks(
     if bias is not None and bias.shape != (blocks.shape[0],):
         raise KernelError(f"bias {tuple(bias.shape)} for {blocks.shape[0]} outputs")
     return rows, k
-
-
-def _threads() -> int:
-    return torch.get_num_threads()  # torch's setting (OpenMP's own is per OS thread)
 
 
 def streamed_scratch_floats(rows: int, n: int, k: int, threads: int) -> int:

@@ -47,7 +47,7 @@ class DecodeLayers:
             norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
             words += [norm.data_ptr() for norm in norms]
             words += [word for spec in specs for word in spec[:6]]
-        self.spec = torch.tensor(words, dtype=torch.int64)
+        self.spec = torch.tensor(words, dtype=torch.int64).view(self.layers, SPEC_WORDS)
         self.linears = [spec for specs in linears for spec in specs]
         self.max_rows = min(spec.max_rows for spec in self.linears)
         attention = first.self_attn
