@@ -17,6 +17,7 @@ from runtime.config.sampling import SamplingParams
 from runtime.frontend.launch import open_engine
 from runtime.kernels.cpu import CpuKernels, load_cpu_kernels
 from runtime.layers import decode_layers
+from runtime.layers.basic import KIND_BLOCKS, KIND_REPACKED
 from tests.engine_helpers import collect_all, random_prompts
 
 PROMPTS = random_prompts([1, 5, 17, 40], seed=3)
@@ -68,13 +69,28 @@ async def test_one_call_gives_the_python_layers_bits(
     assert looped == await python_layers(config, monkeypatch, prompts)
 
 
+@pytest.mark.parametrize("repacked", [True, False])
 async def test_one_call_gives_the_python_layers_bits_on_gguf_blocks(
-    gguf_files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+    repacked: bool, gguf_files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The blocks repacked for decode steps (cpu_repacked.cpp), or in the file's layout where
+    the kernels do not repack them."""
+    if not repacked:
+        monkeypatch.setattr(CpuKernels, "repacked_formats", frozenset())
+    kinds = set()
+    planner = decode_layers.plan
+
+    def recorded(model: Any, kernels: Any) -> decode_layers.DecodeLayers | None:
+        planned = planner(model, kernels)
+        kinds.update(spec.kind for spec in planned.linears if planned is not None)
+        return planned
+
+    monkeypatch.setattr(decode_layers, "plan", recorded)
     config = EngineConfig(model=str(gguf_files["qwen2-q4_1"]), mode="inproc",
                           quantization="gguf")  # fmt: skip
     looped, calls = await generate(config, monkeypatch)
     assert calls > 0
+    assert kinds == {KIND_REPACKED if repacked else KIND_BLOCKS}
     assert looped == await python_layers(config, monkeypatch)
 
 

@@ -2,7 +2,8 @@
 bit; the kernel's products (cpu_quant.cpp) against a dequantize-then-matmul reference in
 float64, for each block type, odd shapes (a partial tile, an odd number of blocks, one row,
 a bias), each width: the AVX-512 one this CPU may have, AVX2 (RUNTIME_KERNEL_ISA=avx2 and the
--mno-avx512f build) and the plain loops; and the layers that use them."""
+-mno-avx512f build) and the plain loops, the repacked kernel's too in those builds
+(tests/test_quant_repacked.py has its own cases); and the layers that use them."""
 
 from __future__ import annotations
 
@@ -19,46 +20,19 @@ from gguf import quants as gguf_quants
 
 from runtime.kernels.cpu import CpuKernels, KernelError, load_cpu_kernels
 from runtime.kernels.cpu_build import FLAGS, ISA_FLAGS, SOURCES, build_flags
-from runtime.kernels.quant_formats import BLOCK, FORMATS, dequantize, quantize, scales_finite
+from runtime.kernels.quant_formats import FORMATS, dequantize, quantize, scales_finite
 from runtime.layers.basic import Linear
 from runtime.layers.quantized import QUANT_ROWS
 from tests.kernel_cases import PANEL_SHAPES, check_panel_linear
-
-NAMES = list(FORMATS)
-SHAPES = [  # rows, n, k, bias
-    (1, 1, 32, False),  # one block, one output
-    (1, 7, 64, True),  # a decode row, a partial tile of weight rows
-    (3, 13, 96, False),  # an odd number of blocks: AVX-512's last step half empty
-    (2, 9, 224, True),  # 7 blocks
-    (32, 64, 576, True),  # a full decode batch, SmolLM2's hidden size
-    (5, 3, 1536, False),  # SmolLM2's intermediate size
-]
-
-
-def weights(n: int, k: int, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=gen)
-    w[0, :BLOCK] = 0.0  # an all-zero block: scale 0
-    if k > BLOCK:
-        w[-1, BLOCK : 2 * BLOCK] = 0.25  # a constant block
-    return w
-
-
-def int8_rows(x: torch.Tensor) -> torch.Tensor:
-    """x as the kernel quantizes it on the way in: int8 per block of 32, a float32 scale
-    amax / 127, rounded to nearest even; returned as the float64 values that stands for."""
-    blocks = x.reshape(x.shape[0], -1, BLOCK)
-    d = blocks.abs().amax(-1, keepdim=True) / 127
-    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
-    q = torch.round(blocks * inverse)
-    return (q.double() * d.double()).reshape(x.shape)
-
-
-def reference(
-    x: torch.Tensor, blocks: torch.Tensor, name: str, bias: torch.Tensor | None
-) -> torch.Tensor:
-    w = dequantize(blocks, name).double()
-    return F.linear(int8_rows(x), w, None if bias is None else bias.double())
+from tests.quant_cases import (
+    NAMES,
+    REPACKED_SHAPES,
+    SHAPES,
+    check_all_repacked,
+    check_kernel,
+    reference,
+    weights,
+)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -79,22 +53,6 @@ def test_kernel_matches_dequantize_then_matmul(
     name: str, rows: int, n: int, k: int, bias: bool
 ) -> None:
     check_kernel(load_cpu_kernels(), name, rows, n, k, bias)
-
-
-def check_kernel(kernels: CpuKernels, name: str, rows: int, n: int, k: int, bias: bool) -> None:
-    gen = torch.Generator().manual_seed(rows * 1000 + n + k)
-    x = torch.randn(rows, k, generator=gen)
-    blocks = quantize(weights(n, k, seed=n + k), name)
-    b = torch.randn(n, generator=gen) if bias else None
-    out = kernels.quant_linear(x, blocks, FORMATS[name], b)
-    assert out.shape == (rows, n) and out.dtype == torch.float32
-    # x quantized as the kernel does: only float32 rounding apart
-    torch.testing.assert_close(out.double(), reference(x, blocks, name, b), atol=1e-4, rtol=1e-4)
-    # and against the float product, what the quantization of x costs: under 2% of its norm
-    w = dequantize(blocks, name).double()
-    exact = F.linear(x.double(), w, None if b is None else b.double())
-    assert (out.double() - exact).norm() <= 0.02 * exact.norm()
-    assert torch.equal(kernels.dequantize(blocks, FORMATS[name]), dequantize(blocks, name))
 
 
 def test_kernel_is_the_same_on_one_thread_and_two() -> None:
@@ -145,6 +103,10 @@ def test_the_avx2_kernels_match_on_an_avx512_cpu_too(tmp_path: Path) -> None:
     for name in NAMES:
         for rows, n, k, bias in SHAPES:
             check_kernel(kernels, name, rows, n, k, bias)
+    # repacked: groups of 8 rows; Q8_0's unsigned bytes only where AVX-VNNI keeps them exact
+    assert kernels.repacked_rows == 8
+    assert ("Q8_0" in kernels.repacked_formats) == has_flag("avx_vnni")
+    check_all_repacked(kernels, REPACKED_SHAPES)
 
 
 def test_the_plain_loops_match(tmp_path: Path) -> None:
@@ -154,6 +116,8 @@ def test_the_plain_loops_match(tmp_path: Path) -> None:
     for name in NAMES:
         for rows, n, k, bias in SHAPES[:4]:
             check_kernel(kernels, name, rows, n, k, bias)
+    assert kernels.repacked_formats == set(NAMES)
+    check_all_repacked(kernels, REPACKED_SHAPES[:4])
 
 
 def test_the_16_lane_loops_match_on_any_cpu(tmp_path: Path) -> None:
@@ -162,6 +126,8 @@ def test_the_16_lane_loops_match_on_any_cpu(tmp_path: Path) -> None:
     for name in NAMES:
         for rows, n, k, bias in SHAPES[:4]:
             check_kernel(kernels, name, rows, n, k, bias)
+    assert kernels.repacked_rows == 16 and kernels.repacked_formats == set(NAMES)
+    check_all_repacked(kernels, REPACKED_SHAPES[:4])
 
 
 def test_the_isa_is_chosen_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

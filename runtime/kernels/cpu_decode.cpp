@@ -32,15 +32,17 @@ int panel_linear(int dtype, void* y, const void* x, const void* packed, const vo
                  int64_t rows, int64_t n, int64_t k, int threads);
 int quant_linear(int qtype, float* y, const float* x, const uint8_t* w, const float* bias,
                  int64_t rows, int64_t n, int64_t k, void* scratch, int threads);
+int repacked_linear(int qtype, float* y, const float* x, const uint8_t* w, const float* bias,
+                    int64_t rows, int64_t n, int64_t k, void* scratch, int threads);
 }
 
 namespace {
 
 // How a layer's linear multiplies, as decode_layers.py's LINEAR_KINDS number them.
-enum Kind : int64_t { kStreamed = 0, kPanels = 1, kBlocks = 2 };
+enum Kind : int64_t { kStreamed = 0, kPanels = 1, kBlocks = 2, kRepacked = 3 };
 
 struct LinearSpec {
-  int64_t kind, format;  // format: the GGUF block type (kBlocks only)
+  int64_t kind, format;  // format: the GGUF block type (kBlocks, kRepacked)
   int64_t weight, bias;  // addresses; bias 0: none
   int64_t n, k;
 };
@@ -78,6 +80,12 @@ int product(const Step& s, const LinearSpec& l, void* y, const void* x) {
                           static_cast<const uint8_t*>(at(l.weight)),
                           static_cast<const float*>(at(l.bias)), s.rows, l.n, l.k, s.scratch,
                           s.threads);
+    case kRepacked:
+      return repacked_linear(int(l.format), static_cast<float*>(y),
+                             static_cast<const float*>(x),
+                             static_cast<const uint8_t*>(at(l.weight)),
+                             static_cast<const float*>(at(l.bias)), s.rows, l.n, l.k,
+                             s.scratch, s.threads);
   }
   return 30;
 }

@@ -35,6 +35,10 @@ SIGNATURES = {
     "quant_linear": "i p p p p q q q p i",
     "quant_dequantize": "i p p q q i",
     "quant_isa": "",
+    "quant_repack": "i p p q q i",
+    "repacked_linear": "i p p p p q q q p i",
+    "repacked_formats": "",
+    "repacked_rows": "",
     "decode_layers": "i p q p p q q q q q f f p p p q q q p p q p p p i",
 }
 QUANT_ISAS = {0: "plain loops", 1: "AVX2", 2: "AVX-512", 3: "AVX-512 VNNI"}
@@ -79,5 +83,6 @@ def _raise_for(code: int) -> None:
         reasons |= {2: "a context length (or a prefill chunk) is outside its block table (or q)"}
         reasons |= {3: "a block id is outside the cache", 4: "a slot is outside the cache"}
         reasons |= {10: "K is not a multiple of 32", 11: "no kernel for this block format"}
+        reasons |= {12: "N is not a multiple of the rows a repacked group interleaves"}
         reasons |= {20: "this build has no AVX512-BF16 panels", 21: "k is odd"}
         raise KernelError(reasons.get(code, f"unsupported dtype (code {code})"))

@@ -22,74 +22,17 @@
 // odd number of blocks). The per-block scales are spread over their block's lanes, and the
 // lanes are summed only once, at the end of the row.
 
-#include <immintrin.h>
-#include <omp.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-
-#include "cpu_lanes.h"
+#include "cpu_blocks.h"
 
 #pragma GCC optimize("fp-contract=fast")  // acc += a * b as one FMA (ISO C++ mode forbids it)
 
-// The intrinsics each width uses where the CPU has them; elsewhere (the other width, built by
-// the tests on any CPU, or another architecture) plain loops that compute the same lanes.
-#if RUNTIME_LANES == 16 && defined(__AVX512BW__)
-#define QUANT_AVX512 1
-#elif RUNTIME_LANES == 8 && defined(__AVX2__)
-#define QUANT_AVX2 1
-#endif
-
 namespace {
 
-constexpr int kBlock = 32;                // weights per block, in each type here
-constexpr int kBytes = kLanes * 4;        // bytes per vector
-constexpr int kPerStep = kLanes / 8;      // blocks per vector
+constexpr int kPerStep = kLanes / 8;  // blocks per vector
 // weight rows per tile, and rows of x: kTileM * kTileN accumulators, and a step of kTileN
 // weight rows in registers (AVX2 has 16 of them: with 4 rows they spilled, 25-40% slower)
 constexpr int kTileN = kLanes == 16 ? 4 : 2;
 constexpr int kTileM = 2;
-
-typedef int8_t vi8 __attribute__((vector_size(kBytes)));
-typedef uint8_t vu8 __attribute__((vector_size(kBytes)));
-typedef int32_t vi32 __attribute__((vector_size(kBytes)));
-
-enum QType { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2 };  // runtime/kernels/quant_formats.py: QuantFormat.code
-
-// GGUF's block layouts (ggml-common.h), byte for byte
-struct BlockQ8_0 {
-  uint16_t d;
-  int8_t qs[kBlock];
-};
-struct BlockQ4_0 {
-  uint16_t d;
-  uint8_t qs[kBlock / 2];  // byte j: weight j in its low nibble, weight j + 16 in its high one
-};
-struct BlockQ4_1 {
-  uint16_t d, m;
-  uint8_t qs[kBlock / 2];
-};
-static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20);
-
-inline float half_to_float(uint16_t h) {
-#if defined(__F16C__)
-  return _cvtsh_ss(h);
-#else
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu;
-  const uint32_t mantissa = h & 0x3ffu;
-  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24
-    const float value = float(mantissa) * 5.9604645e-8f;
-    return sign ? -value : value;
-  }
-  const uint32_t bits =
-      sign | (exponent == 0x1f ? 0x7f800000u : (exponent + 112) << 23) | (mantissa << 13);
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-#endif
-}
 
 // -- the primitives: loads, int8 products, signs ------------------------------------------
 
@@ -133,27 +76,6 @@ inline vi8 load_bytes(const int8_t* first, const int8_t* second) {
   std::memcpy(&v, first, kBlock);
   if (kPerStep > 1 && second) std::memcpy(reinterpret_cast<int8_t*>(&v) + kBlock, second, kBlock);
   return v;
-#endif
-}
-
-// Lane i: the sum of the 4 products a[4i + j] * b[4i + j].
-inline vi32 dot4(vu8 a, vi8 b) {
-#if defined(QUANT_AVX512) && defined(__AVX512VNNI__)
-  return vi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), __m512i(a), __m512i(b)));
-#elif defined(QUANT_AVX512)
-  const __m512i pairs = _mm512_maddubs_epi16(__m512i(a), __m512i(b));
-  return vi32(_mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
-#elif defined(QUANT_AVX2)
-  const __m256i pairs = _mm256_maddubs_epi16(__m256i(a), __m256i(b));
-  return vi32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-#else
-  vi32 sums;
-  for (int i = 0; i < kLanes; ++i) {
-    int32_t sum = 0;
-    for (int j = 4 * i; j < 4 * i + 4; ++j) sum += int32_t(a[j]) * int32_t(b[j]);
-    sums[i] = sum;
-  }
-  return sums;
 #endif
 }
 
@@ -252,12 +174,7 @@ void quantize_row(const float* x, int64_t blocks, const QuantizedRows& rows, int
         std::memset(out, 0, kBlock);
         continue;
       }
-      const float* in = x + block * kBlock;
-      float amax = 0.f;
-      for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(in[j]));
-      const float d = amax / 127.f, inverse = d > 0.f ? 1.f / d : 0.f;
-      for (int j = 0; j < kBlock; ++j) out[j] = int8_t(std::nearbyint(in[j] * inverse));
-      scales[b] = d;
+      scales[b] = quantize_block(x + block * kBlock, out);
     }
     const vfloat d = per_block(scales);
     rows.d[r * rows.steps + s] = d;
@@ -274,21 +191,6 @@ struct Step {
   vi8 signs;    // Q8_0: the weights, whose signs go onto x
   vfloat d;     // each block's scale
   vfloat min;   // Q4_1: m; Q4_0: -8 d
-};
-
-template <int T>
-struct Layout;
-template <>
-struct Layout<kQ8_0> {
-  using Block = BlockQ8_0;
-};
-template <>
-struct Layout<kQ4_0> {
-  using Block = BlockQ4_0;
-};
-template <>
-struct Layout<kQ4_1> {
-  using Block = BlockQ4_1;
 };
 
 // The step of blocks from `s` of one weight row; `Tail`: its one block, the row's last.

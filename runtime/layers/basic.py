@@ -68,7 +68,7 @@ STREAMED_ROWS = 32
 PACKED_STREAMED_ROWS = 2
 
 
-KIND_STREAMED, KIND_PANELS, KIND_BLOCKS = 0, 1, 2  # cpu_decode.cpp's Kind
+KIND_STREAMED, KIND_PANELS, KIND_BLOCKS, KIND_REPACKED = 0, 1, 2, 3  # cpu_decode.cpp's Kind
 
 
 class LinearSpec(NamedTuple):
@@ -103,7 +103,8 @@ class Linear(nn.Linear):
     run 15-45% faster that way, with identical results, and float32 ones 10-50% faster than
     MKL's sgemm, which packs the weight again on every call (results differ from it in the
     last bits, as two BLAS libraries' do). Or its weight is kept as GGUF blocks (`quantize_`),
-    which runtime/layers/quantized.py multiplies. Where the CPU kernels have panels for the
+    which runtime/layers/quantized.py multiplies (a decode step's rows from a repacked copy
+    of them, where the kernels repack the format). Where the CPU kernels have panels for the
     weight's dtype (bfloat16: AVX512-BF16 without AMX; float32: AVX-512), it is packed into
     cpu_panels.cpp's panels instead of for oneDNN: they multiply every number of rows of a
     step as fast or faster (bfloat16 1.6x at one row, 1.25x at 32; float32 1.5x, 1.1x).
@@ -115,6 +116,7 @@ class Linear(nn.Linear):
     streamed: StreamedLinear | None = None
     quant: QuantFormat | None = None  # the weight is blocks of this format
     quant_kernels: QuantKernels | None = None
+    repacked: torch.Tensor | None = None  # the blocks as quant_kernels.repack_blocks made them
 
     def quantize_(self, fmt: QuantFormat) -> None:
         """Hold the weight as (empty) blocks of `fmt`, for the loader to fill."""
@@ -128,19 +130,24 @@ class Linear(nn.Linear):
         quant_kernels: QuantKernels | None = None,
         float32: bool = True,
         panel_kernels: PanelKernels | None = None,
+        repack: bool = True,
     ) -> None:
         """Pack the weight for oneDNN on CPU: bf16 where oneDNN has a bf16 path (AVX-512 or
         AVX-NE-CONVERT, not plain AVX2), float32 if `float32` and with the CPU kernels only
         (without them the layers stay torch's reference path). Where nothing is packed, a
         decode step's rows (bf16: all rows) go to `streamed`; where it is, a step of one or
-        two rows does. Blocks go to `quant_kernels`; weights of a dtype whose panels
-        `panel_kernels` has go to them instead of oneDNN (float32 only if `float32`)."""
-        self.packed = self.panels = None
+        two rows does. Blocks go to `quant_kernels`, repacked if `repack` and the kernels
+        repack their format; weights of a dtype whose panels `panel_kernels` has go to them
+        instead of oneDNN (float32 only if `float32`)."""
+        self.packed = self.panels = self.repacked = None
         self.quant_kernels = quant_kernels
         self.panel_kernels = panel_kernels
         if self._panelled(panel_kernels, float32):
             assert panel_kernels is not None
             self.panels = panel_kernels.pack_panels(self.weight.detach())
+        elif self.quant is not None and quant_kernels is not None and repack:
+            if self._repacks(quant_kernels):
+                self.repacked = quant_kernels.repack_blocks(self.weight.detach(), self.quant)
         elif (
             self.quant is None
             and self.weight.device.type == "cpu"
@@ -158,6 +165,12 @@ class Linear(nn.Linear):
         odd = weight.dtype == torch.bfloat16 and weight.shape[1] % 2  # pairs of k
         return weight.dtype in kernels.panel_dtypes and weight.dim() == 2 and not odd
 
+    def _repacks(self, kernels: QuantKernels) -> bool:
+        assert self.quant is not None
+        if self.weight.device.type != "cpu" or self.weight.shape[0] % kernels.repacked_rows:
+            return False
+        return self.quant.name in kernels.repacked_formats
+
     def _packs(self, streamed: StreamedLinear | None, float32: bool) -> bool:
         if not torch.backends.mkldnn.is_available():
             return False
@@ -170,7 +183,8 @@ class Linear(nn.Linear):
 
     def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.quant is not None:
-            return quantized_linear(x, self.weight, self.quant, bias, self.quant_kernels)
+            kernels, repacked = self.quant_kernels, self.repacked
+            return quantized_linear(x, self.weight, self.quant, bias, kernels, repacked)
         if self.panels is not None and self._fits_panels(x):
             assert self.panel_kernels is not None
             return self.panel_kernels.panel_linear(x, self.panels, self.weight.shape[0], bias)
@@ -192,6 +206,9 @@ class Linear(nn.Linear):
         if self.quant is not None:
             if self.quant_kernels is None or dtype != torch.float32:
                 return None
+            if self.repacked is not None:
+                repacked = (self.repacked.data_ptr(), address[1])
+                return LinearSpec(KIND_REPACKED, self.quant.code, *repacked, n, k, QUANT_ROWS)
             return LinearSpec(KIND_BLOCKS, self.quant.code, *address, n, k, QUANT_ROWS)
         if self.panels is not None and dtype == weight.dtype:
             return LinearSpec(KIND_PANELS, 0, self.panels.data_ptr(), address[1], n, k, 1 << 30)
@@ -221,10 +238,10 @@ def pack_linears_for_cpu(
     panel_kernels: PanelKernels | None = None,
 ) -> None:
     linears = [m for m in model.modules() if isinstance(m, Linear)]
-    float32 = float32_copies_fit(linears)
+    float32, repack = float32_copies_fit(linears), repacked_copies_fit(linears)
     for module in linears:
         module.pack_for_cpu(streamed, quant_kernels=quant_kernels, float32=float32,
-                            panel_kernels=panel_kernels)  # fmt: skip
+                            panel_kernels=panel_kernels, repack=repack)  # fmt: skip
 
 
 def float32_copies_fit(linears: list[Linear]) -> bool:
@@ -236,14 +253,26 @@ def float32_copies_fit(linears: list[Linear]) -> bool:
     packed = (m for m in linears if m.packed is not None or m.panels is not None)
     if any(m.weight.dtype == torch.float32 for m in packed):
         return True
+    why = "float32 weights not packed for oneDNN; prefills run MKL's GEMM instead"
+    return copies_fit(weights, why)
+
+
+def repacked_copies_fit(linears: list[Linear]) -> bool:
+    """Whether GGUF blocks may be repacked for decode steps: a second copy of each, as for
+    float32 (the file's layout stays for prefills, the embedding and weight updates)."""
+    if any(m.repacked is not None for m in linears):
+        return True
+    why = "GGUF blocks not repacked; decode steps read the file's layout, 2-3x slower"
+    return copies_fit([m.weight for m in linears if m.quant is not None], why)
+
+
+def copies_fit(weights: list[torch.Tensor], why: str) -> bool:
+    """Whether copies of `weights` take at most half the memory available; if not, says so."""
     size = sum(w.numel() * w.element_size() for w in weights if w.device.type == "cpu")
     if size <= available_memory() // 2:
         return True
-    log.warning(
-        "float32 weights not packed for oneDNN: their copies (%.1f GB) would take more than "
-        "half of the memory available; prefills run MKL's GEMM instead",
-        size / 1e9,
-    )
+    log.warning("%s: the copies (%.1f GB) would take over half of the memory available",
+                why, size / 1e9)  # fmt: skip
     return False
 
 

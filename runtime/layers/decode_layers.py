@@ -24,7 +24,7 @@ from torch import nn
 from runtime.kernels.cpu_library import DTYPES
 from runtime.kernels.cpu_matmul import quant_scratch_bytes, streamed_scratch_floats
 from runtime.layers.attention import AttentionMetadata
-from runtime.layers.basic import KIND_BLOCKS, KIND_STREAMED, Linear, LinearSpec
+from runtime.layers.basic import KIND_BLOCKS, KIND_REPACKED, KIND_STREAMED, Linear, LinearSpec
 from runtime.layers.rotary import Rope
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def scratch_sizes(linears: list[LinearSpec], dtype: torch.dtype) -> set[tuple[in
     need is the largest, as cpu_matmul.py sizes it per call."""
     sizes = {(0, 64)}
     for spec in linears:
-        if spec.kind == KIND_BLOCKS:
+        if spec.kind in (KIND_BLOCKS, KIND_REPACKED):
             sizes.add((quant_scratch_bytes(1, spec.k), 0))
         elif spec.kind == KIND_STREAMED and dtype == torch.bfloat16:
             per_row = streamed_scratch_floats(1, spec.n, spec.k, 0)

@@ -2,7 +2,9 @@
 embedding compute with them. A layer holds its blocks as a uint8 parameter [N, row_bytes] and
 their format in `quant`; runtime/worker/quantization.py decides which layers do.
 
-A decode step's few rows go to the int8 kernel (cpu_quant.cpp); more rows (a prefill chunk)
+A decode step's few rows go to the int8 kernels: cpu_repacked.cpp where the layer holds a
+repacked copy of its blocks (`Linear.repacked`, rows interleaved so that a vector's lanes are
+rows: 2-3x faster), cpu_quant.cpp on the file's layout otherwise; more rows (a prefill chunk)
 are multiplied by BLAS against the dequantized float32 matrix, which is faster there: the
 kernel scales every block of every product in float, BLAS runs FMAs at full rate (measured
 on an AVX-512 Xeon, one thread, SmolLM2's four matrices of a layer: the kernel ahead up to 32
@@ -38,6 +40,22 @@ class QuantKernels(Protocol):
 
     def dequantize(self, blocks: torch.Tensor, fmt: QuantFormat) -> torch.Tensor: ...
 
+    @property
+    def repacked_formats(self) -> frozenset[str]: ...
+
+    @property
+    def repacked_rows(self) -> int: ...
+
+    def repack_blocks(self, blocks: torch.Tensor, fmt: QuantFormat) -> torch.Tensor: ...
+
+    def repacked_linear(
+        self,
+        x: torch.Tensor,
+        repacked: torch.Tensor,
+        fmt: QuantFormat,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+
 
 def quantized_linear(
     x: torch.Tensor,  # [rows, k], float32 or bfloat16
@@ -45,6 +63,7 @@ def quantized_linear(
     fmt: QuantFormat,
     bias: torch.Tensor | None,
     kernels: QuantKernels | None,
+    repacked: torch.Tensor | None = None,  # the blocks as `kernels.repack_blocks` made them
 ) -> torch.Tensor:  # [rows, n] in x's dtype, computed in float32
     if (
         kernels is not None
@@ -54,17 +73,29 @@ def quantized_linear(
     ):
         # a decode step's rows as the model hands them, straight to the kernel: the general
         # path's reshapes and casts cost ~5 us a call, a third of a small matrix's product
-        return kernels.quant_linear(
-            x.contiguous(), blocks, fmt, None if bias is None else bias.float()
-        )
+        b = None if bias is None else bias.float()
+        return _decode_product(x.contiguous(), blocks, fmt, b, kernels, repacked)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).float().contiguous()
     b = None if bias is None else bias.float()
     if kernels is not None and x2.shape[0] <= QUANT_ROWS:
-        y = kernels.quant_linear(x2, blocks, fmt, b)
+        y = _decode_product(x2, blocks, fmt, b, kernels, repacked)
     else:
         y = _dequantized_product(x2, blocks, fmt, b, kernels)
     return y.to(x.dtype).reshape(*shape[:-1], blocks.shape[0])
+
+
+def _decode_product(
+    x: torch.Tensor,
+    blocks: torch.Tensor,
+    fmt: QuantFormat,
+    bias: torch.Tensor | None,
+    kernels: QuantKernels,
+    repacked: torch.Tensor | None,
+) -> torch.Tensor:
+    if repacked is not None:
+        return kernels.repacked_linear(x, repacked, fmt, bias)
+    return kernels.quant_linear(x, blocks, fmt, bias)
 
 
 def _dequantized_product(

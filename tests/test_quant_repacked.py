@@ -1,0 +1,123 @@
+"""GGUF blocks repacked for decode steps (cpu_repacked.cpp): the products against the
+dequantize-then-matmul reference and against the file layout's kernel, what it refuses, and a
+quantized Linear that holds a repacked copy (only while the copies fit in memory). The AVX2
+and plain-loop builds' repacked products are checked in tests/test_quant_kernels.py, beside
+their other kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from runtime.kernels.cpu import KernelError, load_cpu_kernels
+from runtime.kernels.quant_formats import FORMATS, dequantize, quantize
+from runtime.layers import basic
+from runtime.layers.basic import KIND_BLOCKS, KIND_REPACKED, Linear
+from runtime.layers.quantized import QUANT_ROWS
+from tests.quant_cases import NAMES, REPACKED_SHAPES, check_repacked, reference
+
+
+def repackable(name: str) -> None:
+    if name not in load_cpu_kernels().repacked_formats:
+        pytest.skip(f"this build does not repack {name} (no VNNI for Q8_0's unsigned bytes)")
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("rows", "n", "k", "bias"), REPACKED_SHAPES)
+def test_repacked_kernel_matches_the_reference(
+    name: str, rows: int, n: int, k: int, bias: bool
+) -> None:
+    repackable(name)
+    check_repacked(load_cpu_kernels(), name, rows, n, k, bias)
+
+
+def test_repacked_kernel_is_the_same_on_one_thread_and_two() -> None:
+    kernels, fmt = load_cpu_kernels(), FORMATS["Q4_1"]
+    x, blocks = torch.randn(5, 320), quantize(torch.randn(96, 320), "Q4_1")
+    repacked = kernels.repack_blocks(blocks, fmt)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernels.repacked_linear(x, repacked, fmt)
+        torch.set_num_threads(2)
+        two = kernels.repacked_linear(x, repacked, fmt)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+
+
+def test_what_does_not_repack_is_refused() -> None:
+    kernels, fmt = load_cpu_kernels(), FORMATS["Q4_0"]
+    rows = kernels.repacked_rows
+    with pytest.raises(KernelError, match="multiple of the rows"):
+        kernels.repack_blocks(quantize(torch.randn(rows + 1, 64), "Q4_0"), fmt)
+    repacked = kernels.repack_blocks(quantize(torch.randn(rows, 64), "Q4_0"), fmt)
+    with pytest.raises(KernelError):
+        kernels.repacked_linear(torch.randn(1, 96), repacked, fmt)  # K 96 against rows of 64
+    with pytest.raises(KernelError):
+        kernels.repacked_linear(torch.randn(1, 64), repacked, FORMATS["Q4_1"])  # another format
+
+
+def quantized_layer(name: str, n: int, k: int = 128) -> Linear:
+    layer = Linear(k, n, bias=True)
+    float_weight = layer.weight.detach().clone()
+    layer.quantize_(FORMATS[name])
+    layer.weight.data.copy_(quantize(float_weight, name))
+    return layer
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_layer_multiplies_decode_rows_from_its_repacked_copy(name: str) -> None:
+    repackable(name)
+    kernels, fmt = load_cpu_kernels(), FORMATS[name]
+    layer = quantized_layer(name, 3 * kernels.repacked_rows)
+    blocks = layer.weight.data
+    w = dequantize(blocks, name)
+    with torch.no_grad():
+        layer.pack_for_cpu(quant_kernels=kernels)
+        assert layer.repacked is not None
+        assert torch.equal(layer.repacked, kernels.repack_blocks(blocks, fmt))
+        assert layer.decode_spec(torch.float32).kind == KIND_REPACKED  # type: ignore[union-attr]
+        for rows in (1, QUANT_ROWS):
+            x = torch.randn(rows, 128)
+            got = layer(x)
+            assert torch.equal(got, kernels.repacked_linear(x, layer.repacked, fmt, layer.bias))
+            expected = reference(x, blocks, name, layer.bias).float()
+            torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+        x = torch.randn(QUANT_ROWS + 1, 128)  # a prefill: BLAS on the file's blocks
+        torch.testing.assert_close(layer(x), F.linear(x, w, layer.bias))
+        layer.pack_for_cpu(quant_kernels=kernels, repack=False)  # the file's layout
+        assert layer.repacked is None
+        assert layer.decode_spec(torch.float32).kind == KIND_BLOCKS  # type: ignore[union-attr]
+        x = torch.randn(2, 128)
+        assert torch.equal(layer(x), kernels.quant_linear(x, blocks, fmt, layer.bias))
+
+
+def test_rows_that_make_no_whole_group_keep_the_files_layout() -> None:
+    kernels = load_cpu_kernels()
+    layer = quantized_layer("Q4_1", kernels.repacked_rows + 4)
+    layer.pack_for_cpu(quant_kernels=kernels)
+    assert layer.repacked is None
+    x = torch.randn(1, 128)
+    with torch.no_grad():
+        expected = kernels.quant_linear(x, layer.weight.data, FORMATS["Q4_1"], layer.bias)
+        assert torch.equal(layer(x), expected)
+
+
+def test_blocks_are_repacked_only_while_the_copies_fit_in_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kernels = load_cpu_kernels()
+    model = torch.nn.Sequential(quantized_layer("Q4_1", 32), quantized_layer("Q4_0", 16))
+    block_bytes = sum(m.weight.numel() for m in model)
+    monkeypatch.setattr(basic, "available_memory", lambda: 2 * block_bytes - 1)
+    basic.pack_linears_for_cpu(model, quant_kernels=kernels)
+    assert all(m.repacked is None for m in model)  # a second copy would take over half
+    monkeypatch.setattr(basic, "available_memory", lambda: 2 * block_bytes)
+    basic.pack_linears_for_cpu(model, quant_kernels=kernels)
+    assert all(m.repacked is not None for m in model)
+    # repacked once, they stay so through packing again (a weight update), whatever is left
+    monkeypatch.setattr(basic, "available_memory", lambda: 0)
+    basic.pack_linears_for_cpu(model, quant_kernels=kernels)
+    assert all(m.repacked is not None for m in model)
