@@ -12,8 +12,10 @@ load generator (`benchmarks/serve.py`) sends random-token prompts of `--input-le
 asks for exactly `--output-len` tokens, at each `--concurrency`. The transformers baseline runs
 one static batch of the same size per level (`generate` with a KV cache): the model-bound
 ceiling of this machine. Each level runs `--repeats` times after a warm-up round and reports the
-median run (the 2-core machine is noisy). Prints a table with ratios, our per-step time split
-and each process's CPU time, and writes `compare.json` and `compare.png` to `--out-dir`.
+median run (the 2-core machine is noisy). Prints a table with ratios, each system's decode
+speed at concurrency 1 against the weight-bandwidth limit (benchmarks/bandwidth_limit.py), our
+per-step time split and each process's CPU time, and writes `compare.json` and `compare.png`
+to `--out-dir`.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ import httpx
 import trio
 
 from benchmarks import servers
+from benchmarks.bandwidth_limit import print_bandwidth_limits
 from benchmarks.hf_baseline import HFBaseline
 from benchmarks.serve import Workload, benchmark
+from benchmarks.where_time_goes import machine_limits
 from runtime.checkpoints.builtin import BUILTIN_VERSION
 
 PHASES = (
@@ -350,7 +354,9 @@ def main() -> None:
     (out / "compare.json").write_text(
         json.dumps({"args": vars(args), "results": results, "footprint": footprint}, indent=2)
     )
+    _, bandwidth = machine_limits(os.cpu_count() or 1)  # the servers are stopped by now
     print_table(args, results)
+    print_bandwidth_limits(args, results, bandwidth)
     print_time_split(args, results)
     print_footprint(footprint)
     plot(args, results, out / "compare.png")
