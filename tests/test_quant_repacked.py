@@ -121,3 +121,17 @@ def test_blocks_are_repacked_only_while_the_copies_fit_in_memory(
     monkeypatch.setattr(basic, "available_memory", lambda: 0)
     basic.pack_linears_for_cpu(model, quant_kernels=kernels)
     assert all(m.repacked is not None for m in model)
+
+
+def test_packing_again_repacks_the_blocks_as_they_now_are() -> None:
+    """What a weight update does (ServedWeights.install packs the model again): the decode
+    rows must see the new blocks, not the copy of the old ones."""
+    kernels, fmt = load_cpu_kernels(), FORMATS["Q4_1"]
+    model = torch.nn.Sequential(quantized_layer("Q4_1", 32))
+    basic.pack_linears_for_cpu(model, quant_kernels=kernels)
+    layer, x = model[0], torch.randn(1, 128)
+    layer.weight.data.copy_(quantize(torch.randn(32, 128), "Q4_1"))
+    basic.pack_linears_for_cpu(model, quant_kernels=kernels)
+    with torch.no_grad():
+        expected = kernels.quant_linear(x, layer.weight.data, fmt, layer.bias)
+        torch.testing.assert_close(layer(x), expected, atol=1e-4, rtol=1e-4)
