@@ -27,7 +27,7 @@ async def test_jobs_run_in_order_on_one_thread() -> None:
     assert len({ident for _, ident in ran}) == 1
     assert ran[0][1] != threading.get_ident()
     assert await torch_thread.run(job, 7) == 49
-    torch_thread.close()
+    await torch_thread.close()
 
 
 async def test_an_error_reaches_the_caller_and_the_thread_serves_on() -> None:
@@ -39,7 +39,7 @@ async def test_an_error_reaches_the_caller_and_the_thread_serves_on() -> None:
     with pytest.raises(ValueError, match="bad step"):
         await torch_thread.run(fail)
     assert await torch_thread.run(lambda: "next") == "next"
-    torch_thread.close()
+    await torch_thread.close()
 
 
 async def test_a_cancelled_caller_waits_for_its_job() -> None:
@@ -57,7 +57,7 @@ async def test_a_cancelled_caller_waits_for_its_job() -> None:
         trio.lowlevel.current_trio_token().run_sync_soon(release.set)
         result = await torch_thread.run(slow)
     assert result == "done" and finished == [True]  # it ran to its end before returning
-    torch_thread.close()
+    await torch_thread.close()
 
 
 async def test_an_abandoned_job_runs_on_and_later_jobs_wait_for_it() -> None:
@@ -75,4 +75,32 @@ async def test_an_abandoned_job_runs_on_and_later_jobs_wait_for_it() -> None:
     release.set()
     await torch_thread.run(order.append, "after")
     assert order == ["stuck", "after"]
-    torch_thread.close()
+    await torch_thread.close()
+
+
+async def test_close_waits_for_the_thread_to_let_go_of_its_last_job() -> None:
+    """Freed on the torch thread before close returns, never during interpreter shutdown."""
+    torch_thread = TorchThread()
+    freed = threading.Event()
+
+    class Model:
+        def __del__(self) -> None:
+            freed.set()
+
+    model = Model()
+    await torch_thread.run(lambda m: None, model)
+    del model  # the thread's last job may now hold its last reference
+    with trio.CancelScope() as scope:
+        scope.cancel()  # an actor shutting down: close is shielded
+        await torch_thread.close()
+    assert freed.is_set() and not torch_thread._thread.is_alive()
+
+
+async def test_close_gives_up_on_a_job_that_never_returns() -> None:
+    torch_thread = TorchThread()
+    release = threading.Event()
+    with trio.move_on_after(0.05):
+        await torch_thread.run(release.wait, abandon_on_cancel=True)
+    await torch_thread.close(grace=0.05)
+    assert torch_thread._thread.is_alive()
+    release.set()

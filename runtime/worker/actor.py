@@ -84,7 +84,7 @@ class WorkerActor:
         try:
             await self._load_and_serve(scheduler, task_status)
         finally:
-            self._torch.close()
+            await self._torch.close()
 
     async def _load_and_serve(
         self, scheduler: MessageChannel, task_status: trio.TaskStatus[None]

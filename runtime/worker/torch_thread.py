@@ -22,6 +22,7 @@ import outcome
 import trio
 
 T = TypeVar("T")
+CLOSE_GRACE = 5.0  # seconds `close` waits for the jobs before it to end
 
 
 class TorchThread:
@@ -51,11 +52,19 @@ class TorchThread:
         assert result is not None
         return result.unwrap()
 
-    def close(self) -> None:
-        """Let the thread end after the work given so far (it is a daemon: a job that
-        never returns does not hold the process)."""
+    async def close(self, grace: float = CLOSE_GRACE) -> None:
+        """Let the thread end after the work given so far, and wait for it (up to
+        `grace` seconds, shielded from cancellation). What its last job held (a step's inputs, a
+        bound method of the runner: the model's last reference, once the actor has let it
+        go) is then freed before the interpreter shuts down; a daemon thread freeing torch
+        tensors during shutdown aborts the process (SIGABRT, "terminate called without an
+        active exception"). A job that never returns does not hold the process (the thread
+        is a daemon, stuck outside Python)."""
         self._jobs.put(None)
+        with trio.CancelScope(shield=True), trio.move_on_after(grace):
+            await trio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
 
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
             job()
+            del job  # what it holds is freed now, not when the next job comes
