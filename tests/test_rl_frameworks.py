@@ -189,14 +189,20 @@ def test_areal_health_check_with_a_body_and_models(server: ServerProcess) -> Non
     assert models.status_code == 200
 
 
+# long enough that the pause, posted once the stream has begun, lands before the end even on a
+# busy 2-core machine (400 tokens of the tiny model once did not, beside other work)
+ROLLOUT_TOKENS = 1200
+
+
 def test_areal_resumes_a_paused_rollout_from_its_partial_tokens(server: ServerProcess) -> None:
     """A pause (abort mode) ends the rollout with finish_reason abort and its tokens so far;
     AReaL re-posts with them appended, once generation continues: the same greedy tokens."""
-    expected = post(server, "/generate", areal_generate_body(PROMPT_IDS, 400)).json()["output_ids"]
+    whole = post(server, "/generate", areal_generate_body(PROMPT_IDS, ROLLOUT_TOKENS))
+    expected = whole.json()["output_ids"]
     started, result = threading.Event(), []
 
     def rollout() -> None:
-        body = areal_generate_body(PROMPT_IDS, 400) | {"stream": True}
+        body = areal_generate_body(PROMPT_IDS, ROLLOUT_TOKENS) | {"stream": True}
         with httpx.stream("POST", server.url + "/generate", json=body, timeout=60) as response:
             for line in response.iter_lines():
                 started.set()
@@ -211,9 +217,9 @@ def test_areal_resumes_a_paused_rollout_from_its_partial_tokens(server: ServerPr
     final = result[-1]["meta_info"]
     assert final["finish_reason"]["type"] == "abort" and "message" in final["finish_reason"]
     partial = result[-1]["output_ids"]
-    assert partial == expected[: len(partial)] and len(partial) < 400
+    assert partial == expected[: len(partial)] and len(partial) < ROLLOUT_TOKENS
     post(server, "/continue_generation", {})
-    again = areal_generate_body(PROMPT_IDS + partial, 400 - len(partial))
+    again = areal_generate_body(PROMPT_IDS + partial, ROLLOUT_TOKENS - len(partial))
     rest = post(server, "/generate", again).json()
     assert partial + rest["output_ids"] == expected
     assert rest["meta_info"]["finish_reason"]["type"] == "length"
