@@ -26,6 +26,7 @@ import json
 import os
 import resource
 import shlex
+import signal
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -350,6 +351,10 @@ def main() -> None:
         args.model = default_checkpoint()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # SIGTERM (`timeout`, a CI job's end) as a Ctrl-C, which trio delivers cleanly: the
+    # servers' contexts then stop them, where the default action would leave them serving,
+    # each in a session of its own
+    signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
     results, footprint = measure(args)
     (out / "compare.json").write_text(
         json.dumps({"args": vars(args), "results": results, "footprint": footprint}, indent=2)
