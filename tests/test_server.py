@@ -99,7 +99,9 @@ async def test_cancelling_our_client_aborts_the_request(server: ServerProcess) -
 async def test_a_request_id_is_a_label(server: ServerProcess) -> None:
     """/generate's rid: taken while its request runs (400), free the moment it ends (even
     while the scheduler still finishes the old one); text that is not Unicode is a 400."""
-    body = {"text": "The tuple", "rid": "mine", "sampling_params": {"max_new_tokens": 300}}
+    # ignore_eos: a sampled end of sequence once ended the stream before the clashing request
+    params = {"max_new_tokens": 500, "ignore_eos": True}
+    body = {"text": "The tuple", "rid": "mine", "sampling_params": params}
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
         for _ in range(4):
             async with http.stream("POST", "/generate", json=body | {"stream": True}) as stream:
