@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -55,15 +56,24 @@ def test_kernel_matches_dequantize_then_matmul(
     check_kernel(load_cpu_kernels(), name, rows, n, k, bias)
 
 
-def test_kernel_is_the_same_on_one_thread_and_two() -> None:
+@pytest.mark.parametrize("layout", ["file", "repacked"])
+def test_kernel_is_the_same_on_one_thread_and_two(layout: str) -> None:
+    """Both kernels: cpu_quant.cpp on the file's blocks (70 rows: a partial tile) and
+    cpu_repacked.cpp on a repacked copy (96 rows: whole groups with AVX-512 and AVX2)."""
     kernels, fmt = load_cpu_kernels(), FORMATS["Q4_1"]
-    x, blocks = torch.randn(5, 320), quantize(torch.randn(70, 320), "Q4_1")
+    x = torch.randn(5, 320)
+    if layout == "file":
+        blocks = quantize(torch.randn(70, 320), "Q4_1")
+        product = partial(kernels.quant_linear, x, blocks, fmt)
+    else:
+        blocks = kernels.repack_blocks(quantize(torch.randn(96, 320), "Q4_1"), fmt)
+        product = partial(kernels.repacked_linear, x, blocks, fmt)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = kernels.quant_linear(x, blocks, fmt)
+        one = product()
         torch.set_num_threads(2)
-        two = kernels.quant_linear(x, blocks, fmt)
+        two = product()
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, two)

@@ -1,5 +1,6 @@
 """GGUF blocks repacked for decode steps (cpu_repacked.cpp): the products against the
-dequantize-then-matmul reference and against the file layout's kernel, what it refuses, and a
+dequantize-then-matmul reference and against the file layout's kernel (its 1- and 2-thread
+equality is in tests/test_quant_kernels.py, beside the other kernel's), what it refuses, and a
 quantized Linear that holds a repacked copy (only while the copies fit in memory). The AVX2
 and plain-loop builds' repacked products are checked in tests/test_quant_kernels.py, beside
 their other kernels."""
@@ -30,21 +31,6 @@ def test_repacked_kernel_matches_the_reference(
 ) -> None:
     repackable(name)
     check_repacked(load_cpu_kernels(), name, rows, n, k, bias)
-
-
-def test_repacked_kernel_is_the_same_on_one_thread_and_two() -> None:
-    kernels, fmt = load_cpu_kernels(), FORMATS["Q4_1"]
-    x, blocks = torch.randn(5, 320), quantize(torch.randn(96, 320), "Q4_1")
-    repacked = kernels.repack_blocks(blocks, fmt)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = kernels.repacked_linear(x, repacked, fmt)
-        torch.set_num_threads(2)
-        two = kernels.repacked_linear(x, repacked, fmt)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(one, two)
 
 
 def test_what_does_not_repack_is_refused() -> None:
