@@ -1,7 +1,8 @@
 """compare.py's concurrency-1 line against the weight-bandwidth limit: a decode step of one
 sequence reads every weight once, so no system decodes faster than the machine's memory
-bandwidth (a STREAM-like copy, measured in the same run) over the bytes of weights it reads a
-token. Decode speed here is 1000 / ITL p50 (the prefill is left out).
+bandwidth (a STREAM-like copy, measured in the same run right after each concurrency-1 run of
+each system: on a shared VM it drifts by tens of percent over minutes) over the bytes of weights
+it reads a token. Decode speed here is 1000 / ITL p50 (the prefill is left out).
 
 The bytes a token: a GGUF file's tensors (llama.cpp, and our server where it is given the
 file); a float checkpoint's tensors in the served dtype. An untied embedding is left out (a
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -64,18 +66,26 @@ def served_bytes(args: argparse.Namespace, system: str) -> int | None:
 def print_bandwidth_limits(
     args: argparse.Namespace, results: dict[str, list[dict[str, Any]]], bandwidth: float
 ) -> None:
-    """Each system's decode speed at concurrency 1 against its limit (bandwidth in bytes/s)."""
+    """Each system's decode speed at concurrency 1 against its limit: the bandwidth (bytes/s)
+    measured right after each of its runs (their median), since this machine's drifts by tens
+    of percent over minutes; `bandwidth`, measured at the end, where there is none."""
     if 1 not in args.concurrency:
         return
     level = args.concurrency.index(1)
-    print(f"\nconcurrency 1 against the weight-bandwidth limit (copy {bandwidth / 1e9:.1f} GB/s)")
+    print(
+        f"\nconcurrency 1 against the weight-bandwidth limit (copy at the end "
+        f"{bandwidth / 1e9:.1f} GB/s; each system's: after each of its runs, the median)"
+    )
     for system, levels in results.items():
         size, itl = served_bytes(args, system), levels[level]["itl_ms"]["p50"]
         if size is None or itl <= 0:
             continue
-        limit_ms = size / bandwidth * 1e3
+        copies = levels[level].get("copy_rates") or [bandwidth]
+        rate = statistics.median(copies)
+        limit_ms = size / rate * 1e3
         print(
-            f"  {system:>12}: {size / 1e6:.0f} MB a token, limit {limit_ms:.2f} ms "
-            f"({1e3 / limit_ms:.0f} tok/s); decode {itl:.2f} ms ({1e3 / itl:.0f} tok/s), "
-            f"{itl / limit_ms:.2f}x the limit"
+            f"  {system:>12}: copy {rate / 1e9:.1f} GB/s "
+            f"({', '.join(f'{c / 1e9:.1f}' for c in copies)}); {size / 1e6:.0f} MB a token, "
+            f"limit {limit_ms:.2f} ms ({1e3 / limit_ms:.0f} tok/s); decode {itl:.2f} ms "
+            f"({1e3 / itl:.0f} tok/s), {itl / limit_ms:.2f}x the limit"
         )

@@ -39,7 +39,7 @@ from benchmarks import servers
 from benchmarks.bandwidth_limit import print_bandwidth_limits
 from benchmarks.hf_baseline import HFBaseline
 from benchmarks.serve import Workload, benchmark
-from benchmarks.where_time_goes import machine_limits
+from benchmarks.where_time_goes import copy_rate, machine_limits
 from runtime.checkpoints.builtin import BUILTIN_VERSION
 
 PHASES = (
@@ -115,6 +115,7 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     median = dict(ordered[len(ordered) // 2])
     median["all_throughputs"] = [r["output_throughput"] for r in runs]
     median["completed_total"] = sum(r.get("completed", 0) for r in runs)
+    median["copy_rates"] = [r["copy_rate"] for r in runs if "copy_rate" in r]
     if all("cpu_s" in r for r in runs):
         names = {k for r in runs for k in r["cpu_s"]}
         median["cpu_s"] = {k: sum(r["cpu_s"].get(k, 0.0) for r in runs) for k in names}
@@ -171,6 +172,8 @@ def measure(
             for repeat in range(args.repeats):
                 for name, run in systems.items():
                     runs[name].append(run(concurrency, 7 + repeat))
+                    if concurrency == 1:  # the bandwidth of this moment: it drifts (above)
+                        runs[name][-1]["copy_rate"] = copy_rate(os.cpu_count() or 1)
             for name in systems:
                 results[name].append(combine(runs[name]))
                 spread = ", ".join(f"{t:.0f}" for t in results[name][-1]["all_throughputs"])

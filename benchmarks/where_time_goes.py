@@ -142,10 +142,16 @@ def machine_limits(threads: int) -> tuple[float, float]:
         packed = torch.ops.mkldnn._reorder_linear_weight(b, 2048)
         products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
     flops = 2 * 2048**3 / min(best_time(product) for product in products)
+    return flops, copy_rate(threads)
+
+
+def copy_rate(threads: int) -> float:
+    """Memory bandwidth in bytes/s with `threads` threads: a STREAM-like copy (read + write
+    counted), the best of several."""
+    torch.set_num_threads(threads)
     source = torch.ones(64 * 2**20)  # 256 MiB: far past every cache
     target = torch.empty_like(source)
-    bandwidth = 2 * source.numel() * 4 / best_time(lambda: target.copy_(source))  # read + write
-    return flops, bandwidth
+    return 2 * source.numel() * 4 / best_time(lambda: target.copy_(source))
 
 
 def best_time(fn: Callable[[], Any], runs: int = 6) -> float:
