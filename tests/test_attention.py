@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.kernels.cpu import load_cpu_kernels
+from runtime.kernels.cpu import KernelError, load_cpu_kernels
 from runtime.layers.attention import (
     AttentionMetadata,
     PrefillSlice,
@@ -91,3 +91,31 @@ def test_mixed_batch_matches_dense_attention(dtype: torch.dtype, backend: str) -
     )
     tolerance = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
     torch.testing.assert_close(out, expected, **tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_items_computed_apart_make_the_same_output(dtype: torch.dtype) -> None:
+    """How cpu_team.h's threads share a decode step's attention: each its own range of
+    (row, kv head) items; together the same bits as one call, and a range past the rows'
+    heads is refused."""
+    kernels, gen = load_cpu_kernels(), torch.Generator().manual_seed(1)
+    rows, width = 3, 4
+    q = torch.randn(rows, HEADS, DIM, generator=gen).to(dtype)
+    cache = torch.randn(2, KV_HEADS, NUM_BLOCKS, BLOCK, DIM, generator=gen).to(dtype)
+    tables = torch.randperm(NUM_BLOCKS, generator=gen)[: rows * width].view(rows, width)
+    lens = torch.tensor([3, 16, 9])
+    whole = kernels.decode(q, cache, tables, lens, 0.3)
+    out = torch.full_like(whole, float("nan"))
+
+    def items(first: int, end: int) -> None:
+        kernels._call(
+            "paged_decode_items", 0 if dtype == torch.float32 else 1, out.data_ptr(),
+            q.data_ptr(), q.stride(0), cache.data_ptr(), tables.data_ptr(), width,
+            lens.data_ptr(), rows, HEADS, KV_HEADS, NUM_BLOCKS, BLOCK, DIM, 0.3, 1, first, end,
+        )  # fmt: skip
+
+    for first, end in ((0, 1), (1, 1), (1, 4), (4, rows * KV_HEADS)):
+        items(first, end)
+    assert torch.equal(out, whole)
+    with pytest.raises(KernelError, match="items outside"):
+        items(0, rows * KV_HEADS + 1)

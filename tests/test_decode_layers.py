@@ -69,12 +69,14 @@ async def test_one_call_gives_the_python_layers_bits(
     assert looped == await python_layers(config, monkeypatch, prompts)
 
 
-@pytest.mark.parametrize("repacked", [True, False])
+@pytest.mark.parametrize(("repacked", "threads"), [(True, 0), (True, 3), (False, 0)])
 async def test_one_call_gives_the_python_layers_bits_on_gguf_blocks(
-    repacked: bool, gguf_files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+    repacked: bool, threads: int, gguf_files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The blocks repacked for decode steps (cpu_repacked.cpp), or in the file's layout where
-    the kernels do not repack them."""
+    the kernels do not repack them. Repacked, the step's threads share each product part by
+    part (cpu_team.h): 2 threads here, 3 (more than this machine's cores, so that helpers
+    are preempted mid-step) in the second case."""
     if not repacked:
         monkeypatch.setattr(CpuKernels, "repacked_formats", frozenset())
     kinds = set()
@@ -87,7 +89,7 @@ async def test_one_call_gives_the_python_layers_bits_on_gguf_blocks(
 
     monkeypatch.setattr(decode_layers, "plan", recorded)
     config = EngineConfig(model=str(gguf_files["qwen2-q4_1"]), mode="inproc",
-                          quantization="gguf")  # fmt: skip
+                          quantization="gguf", num_threads=threads)  # fmt: skip
     looped, calls = await generate(config, monkeypatch)
     assert calls > 0
     assert kinds == {KIND_REPACKED if repacked else KIND_BLOCKS}

@@ -45,6 +45,27 @@ def test_what_does_not_repack_is_refused() -> None:
         kernels.repacked_linear(torch.randn(1, 64), repacked, FORMATS["Q4_1"])  # another format
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_groups_multiplied_apart_make_the_same_product(rows: int) -> None:
+    """How cpu_team.h's two threads share a decode step's product: each its own range of
+    groups, x quantized by each for itself; together the same bits as one call."""
+    kernels, fmt = load_cpu_kernels(), FORMATS["Q4_1"]
+    groups, k = 5, 128
+    n = groups * kernels.repacked_rows
+    torch.manual_seed(0)
+    repacked = kernels.repack_blocks(quantize(torch.randn(n, k), "Q4_1"), fmt)
+    x, bias = torch.randn(rows, k), torch.randn(n)
+    whole = kernels.repacked_linear(x, repacked, fmt, bias)
+    out = torch.full_like(whole, float("nan"))
+    for first, end in ((0, 2), (2, 2), (2, groups)):
+        kernels._call("repacked_groups", fmt.code, out.data_ptr(), x.data_ptr(),
+                      repacked.data_ptr(), bias.data_ptr(), rows, n, k, first, end)  # fmt: skip
+    assert torch.equal(out, whole)
+    with pytest.raises(KernelError, match="groups outside"):
+        kernels._call("repacked_groups", fmt.code, out.data_ptr(), x.data_ptr(),
+                      repacked.data_ptr(), 0, rows, n, k, 0, groups + 1)  # fmt: skip
+
+
 def quantized_layer(name: str, n: int, k: int = 128) -> Linear:
     layer = Linear(k, n, bias=True)
     float_weight = layer.weight.detach().clone()

@@ -33,6 +33,7 @@ struct Shape {  // what every row of one call shares
   int64_t num_heads, kv_heads, num_blocks, block_size, dim;
   float scale;
   int threads;
+  int64_t first_item = 0, end_item = -1;  // of rows x kv heads; -1: to the last
 };
 
 // One query row: a token's query heads, where their output goes, and the cached tokens it
@@ -158,13 +159,14 @@ template <typename T, int kDim, bool kAvx512>
 void attend_rows(const Shape& a, const std::vector<Row>& rows) {
   int64_t longest = 0;
   for (const Row& r : rows) longest = r.len > longest ? r.len : longest;
-  const int64_t group = a.num_heads / a.kv_heads, count = int64_t(rows.size());
-#pragma omp parallel num_threads(a.threads)
+  const int64_t group = a.num_heads / a.kv_heads, heads = a.kv_heads;
+  const int64_t end = a.end_item < 0 ? int64_t(rows.size()) * heads : a.end_item;
+#pragma omp parallel num_threads(a.threads) if (a.threads > 1)
   {
     Scratch scratch(group, longest, a.dim);
-#pragma omp for schedule(dynamic, 1) collapse(2)
-    for (int64_t r = 0; r < count; ++r)
-      for (int64_t h = 0; h < a.kv_heads; ++h) attend<T, kDim, kAvx512>(a, rows[r], h, scratch);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = a.first_item; i < end; ++i)
+      attend<T, kDim, kAvx512>(a, rows[i / heads], i % heads, scratch);
   }
 }
 
@@ -215,13 +217,33 @@ int store_kv(void* cache, const void* kv, int64_t kv_token_stride, const int64_t
 
 extern "C" {
 
+int paged_decode_items(int dtype, void* out, const void* q, int64_t q_token_stride,
+                       const void* cache, const int64_t* tables, int64_t table_width,
+                       const int64_t* lens, int64_t batch, int64_t num_heads, int64_t kv_heads,
+                       int64_t num_blocks, int64_t block_size, int64_t dim, float scale,
+                       int threads, int64_t first, int64_t end);
+
 // dtype: 0 float32, 1 bfloat16. Returns 0, or a nonzero code for a bad argument.
 // Sequence b's query is row b of q; it attends to the first lens[b] tokens of table b.
 int paged_decode(int dtype, void* out, const void* q, int64_t q_token_stride, const void* cache,
                  const int64_t* tables, int64_t table_width, const int64_t* lens, int64_t batch,
                  int64_t num_heads, int64_t kv_heads, int64_t num_blocks, int64_t block_size,
                  int64_t dim, float scale, int threads) {
-  const Shape a{cache, num_heads, kv_heads, num_blocks, block_size, dim, scale, threads};
+  return paged_decode_items(dtype, out, q, q_token_stride, cache, tables, table_width, lens,
+                            batch, num_heads, kv_heads, num_blocks, block_size, dim, scale,
+                            threads, 0, -1);
+}
+
+// paged_decode's items [first, end) only (an item: one row's kv head with its query heads;
+// end -1: to the last): how cpu_team.h's threads share a decode step's attention.
+int paged_decode_items(int dtype, void* out, const void* q, int64_t q_token_stride,
+                       const void* cache, const int64_t* tables, int64_t table_width,
+                       const int64_t* lens, int64_t batch, int64_t num_heads, int64_t kv_heads,
+                       int64_t num_blocks, int64_t block_size, int64_t dim, float scale,
+                       int threads, int64_t first, int64_t end) {
+  if (first < 0 || end > batch * kv_heads || (end >= 0 && end < first)) return 6;
+  const Shape a{cache, num_heads, kv_heads, num_blocks, block_size, dim, scale, threads,
+                first, end};
   std::vector<Row> rows(batch);
   for (int64_t b = 0; b < batch; ++b)
     rows[b] = Row{token_row(q, dtype, b, q_token_stride),

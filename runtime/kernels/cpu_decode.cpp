@@ -9,8 +9,13 @@
 // runtime/layers/decode_layers.py (`LayerSpec` below, as int64 words); what a step changes
 // comes as arguments.
 
+#include <omp.h>
+
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+
+#include "cpu_team.h"
 
 extern "C" {
 int fused_add_rms_norm(int dtype, void* out, void* residual, const void* x, const void* weight,
@@ -22,10 +27,11 @@ int fused_rotary(int dtype, void* x, int64_t token_stride, int64_t tokens, int64
 int paged_store_kv(int dtype, void* cache, const void* kv, int64_t kv_token_stride,
                    const int64_t* slots, int64_t tokens, int64_t kv_heads, int64_t num_slots,
                    int64_t dim);
-int paged_decode(int dtype, void* out, const void* q, int64_t q_token_stride, const void* cache,
-                 const int64_t* tables, int64_t table_width, const int64_t* lens, int64_t batch,
-                 int64_t num_heads, int64_t kv_heads, int64_t num_blocks, int64_t block_size,
-                 int64_t dim, float scale, int threads);
+int paged_decode_items(int dtype, void* out, const void* q, int64_t q_token_stride,
+                       const void* cache, const int64_t* tables, int64_t table_width,
+                       const int64_t* lens, int64_t batch, int64_t num_heads, int64_t kv_heads,
+                       int64_t num_blocks, int64_t block_size, int64_t dim, float scale,
+                       int threads, int64_t first, int64_t end);
 int skinny_linear(int dtype, void* y, const void* x, const void* w, const void* bias,
                   int64_t rows, int64_t n, int64_t k, float* scratch, int threads);
 int panel_linear(int dtype, void* y, const void* x, const void* packed, const void* bias,
@@ -34,6 +40,9 @@ int quant_linear(int qtype, float* y, const float* x, const uint8_t* w, const fl
                  int64_t rows, int64_t n, int64_t k, void* scratch, int threads);
 int repacked_linear(int qtype, float* y, const float* x, const uint8_t* w, const float* bias,
                     int64_t rows, int64_t n, int64_t k, void* scratch, int threads);
+int repacked_groups(int qtype, float* y, const float* x, const uint8_t* w, const float* bias,
+                    int64_t rows, int64_t n, int64_t k, int64_t first, int64_t end);
+int repacked_rows();
 }
 
 namespace {
@@ -65,9 +74,38 @@ struct Step {
   int64_t table_width, num_blocks, block_size;
   void* scratch;
   int threads;
+  StepTeam* team;  // the step's threads (cpu_team.h), or none: OpenMP regions
 };
 
+// One repacked product, as cpu_team.h's threads share it: groups of repacked_rows() columns.
+struct RepackedJob {
+  int64_t format;
+  float* y;
+  const float* x;
+  const uint8_t* w;
+  const float* bias;
+  int64_t rows, n, k;
+};
+
+void repacked_part(const void* job, int64_t first, int64_t end) {
+  const auto& j = *static_cast<const RepackedJob*>(job);
+  repacked_groups(int(j.format), j.y, j.x, j.w, j.bias, j.rows, j.n, j.k, first, end);
+}
+
+int shared_product(const Step& s, const LinearSpec& l, void* y, const void* x) {
+  const RepackedJob job{l.format, static_cast<float*>(y), static_cast<const float*>(x),
+                        static_cast<const uint8_t*>(at(l.weight)),
+                        static_cast<const float*>(at(l.bias)), s.rows, l.n, l.k};
+  // an empty range checks the arguments, so that no part can fail
+  if (const int code = repacked_groups(int(l.format), job.y, job.x, job.w, job.bias, s.rows,
+                                       l.n, l.k, 0, 0))
+    return code;
+  s.team->share(repacked_part, &job, l.n / repacked_rows());
+  return 0;
+}
+
 int product(const Step& s, const LinearSpec& l, void* y, const void* x) {
+  if (s.team) return shared_product(s, l, y, x);  // every linear is repacked (team_applies)
   switch (l.kind) {
     case kStreamed:
       return skinny_linear(s.dtype, y, x, at(l.weight), at(l.bias), s.rows, l.n, l.k,
@@ -95,6 +133,32 @@ struct Work {
   void *h, *qkv, *attn, *gate_up, *act;
 };
 
+// q against the cache: items [first, end) of rows x kv heads (end -1: all)
+int attend(const Step& s, const Work& w, const void* cache, int64_t first, int64_t end) {
+  const int64_t stride = (s.heads + 2 * s.kv_heads) * s.dim;
+  return paged_decode_items(s.dtype, w.attn, w.qkv, stride, cache, s.tables, s.table_width,
+                            s.lens, s.rows, s.heads, s.kv_heads, s.num_blocks, s.block_size,
+                            s.dim, s.scale, s.threads, first, end);
+}
+
+struct AttentionJob {
+  const Step* s;
+  const Work* w;
+  const void* cache;
+};
+
+void attention_part(const void* job, int64_t first, int64_t end) {
+  const auto& j = *static_cast<const AttentionJob*>(job);
+  attend(*j.s, *j.w, j.cache, first, end);
+}
+
+int shared_attention(const Step& s, const Work& w, const void* cache) {
+  if (const int code = attend(s, w, cache, 0, 0)) return code;  // the checks, no items
+  const AttentionJob job{&s, &w, cache};
+  s.team->share(attention_part, &job, s.rows * s.kv_heads);
+  return 0;
+}
+
 // attention: the fused q/k/v heads rotated, k and v stored, q against the cache
 int attention(const Step& s, const LayerSpec& l, const Work& w, void* cache, void* y) {
   const int64_t stride = (s.heads + 2 * s.kv_heads) * s.dim;  // one token's q, k and v
@@ -107,10 +171,7 @@ int attention(const Step& s, const LayerSpec& l, const Work& w, void* cache, voi
     code = paged_store_kv(s.dtype, cache, static_cast<char*>(w.qkv) + s.heads * s.dim * size,
                           stride, s.slots, s.rows, s.kv_heads, s.num_blocks * s.block_size,
                           s.dim);
-  if (!code)
-    code = paged_decode(s.dtype, w.attn, w.qkv, stride, cache, s.tables, s.table_width, s.lens,
-                        s.rows, s.heads, s.kv_heads, s.num_blocks, s.block_size, s.dim, s.scale,
-                        s.threads);
+  if (!code) code = s.team ? shared_attention(s, w, cache) : attend(s, w, cache, 0, -1);
   return code ? code : product(s, l.o, y, w.attn);
 }
 
@@ -131,6 +192,38 @@ int layer(const Step& s, const LayerSpec& l, const Work& w, void* cache, void* r
   return code ? code : product(s, l.down, y, w.act);
 }
 
+// What the layers of a step run over.
+struct Chain {
+  const LayerSpec* specs;
+  int64_t layers;
+  Work w;
+  void *cache;
+  int64_t cache_stride;
+  void *residual, *y;
+};
+
+int layers_of(const Step& s, const Chain& c) {
+  const int64_t size = s.dtype == 0 ? 4 : 2;
+  for (int64_t i = 0; i < c.layers; ++i) {
+    char* layer_cache = static_cast<char*>(c.cache) + i * c.cache_stride * size;
+    const int code = layer(s, c.specs[i], c.w, layer_cache, c.residual, c.y, i == 0);
+    if (code) return code;
+  }
+  return 0;
+}
+
+// Rows up to which the two threads share a step's products by halves (cpu_team.h): a few,
+// whose products are short and many; more rows keep OpenMP's regions.
+constexpr int64_t kTeamRows = 4;
+
+bool team_applies(const Step& s, const LayerSpec* specs, int64_t layers) {
+  if (s.threads < 2 || s.rows > kTeamRows || s.dtype != 0) return false;
+  for (int64_t i = 0; i < layers; ++i)
+    for (const LinearSpec* l : {&specs[i].qkv, &specs[i].o, &specs[i].gate_up, &specs[i].down})
+      if (l->kind != kRepacked) return false;
+  return true;
+}
+
 }  // namespace
 
 extern "C" {
@@ -147,17 +240,26 @@ int decode_layers(int dtype, const int64_t* spec, int64_t layers, void* residual
                   const int64_t* slots, const int64_t* tables, int64_t table_width,
                   const int64_t* lens, void* const* work, void* scratch, int threads) {
   if (dtype != 0 && dtype != 1) return 100 + dtype;
-  const Step s{dtype, rows, hidden, heads, kv_heads, dim, eps, scale, cos, sin, slots,
-               tables, lens, table_width, num_blocks, block_size, scratch, threads};
+  Step s{dtype, rows, hidden, heads, kv_heads, dim, eps, scale, cos, sin, slots,
+         tables, lens, table_width, num_blocks, block_size, scratch, threads, nullptr};
   const Work w{work[0], work[1], work[2], work[3], work[4]};
   const auto* specs = reinterpret_cast<const LayerSpec*>(spec);
-  const int64_t size = dtype == 0 ? 4 : 2;
-  for (int64_t i = 0; i < layers; ++i) {
-    char* layer_cache = static_cast<char*>(cache) + i * cache_stride * size;
-    const int code = layer(s, specs[i], w, layer_cache, residual, y, i == 0);
-    if (code) return code;
+  const Chain chain{specs, layers, w, cache, cache_stride, residual, y};
+  if (!team_applies(s, specs, layers)) return layers_of(s, chain);
+  StepTeam team(threads);
+  int code = 0;
+  s.team = &team;
+  s.threads = 1;  // the rest of a layer (norms, rotary) on the calling thread
+#pragma omp parallel num_threads(threads)
+  {
+    if (omp_get_thread_num() == 0) {
+      code = layers_of(s, chain);
+      team.finish();
+    } else {
+      team.help();
+    }
   }
-  return 0;
+  return code;
 }
 
 }  // extern "C"

@@ -21,6 +21,7 @@ PANEL = 32  # cpu_panels.cpp's kPanel: weight rows per panel
 # p pointer. Every one returns an int: 0, or a code for `_raise_for`.
 SIGNATURES = {
     "paged_decode": "i p p q p p q p q q q q q q f i",
+    "paged_decode_items": "i p p q p p q p q q q q q q f i q q",
     "paged_extend": "i p p q q p p q p p p q q q q q q f i",
     "paged_store_kv": "i p p q p q q q q",
     "fused_add_rms_norm": "i p p p p q q f i",
@@ -39,6 +40,7 @@ SIGNATURES = {
     "repacked_linear": "i p p p p q q q p i",
     "repacked_formats": "",
     "repacked_rows": "",
+    "repacked_groups": "i p p p p q q q q q",
     "decode_layers": "i p q p p q q q q q f f p p p q q q p p q p p p i",
 }
 QUANT_ISAS = {0: "plain loops", 1: "AVX2", 2: "AVX-512", 3: "AVX-512 VNNI"}
@@ -82,7 +84,9 @@ def _raise_for(code: int) -> None:
         reasons = {1: "heads do not group"}
         reasons |= {2: "a context length (or a prefill chunk) is outside its block table (or q)"}
         reasons |= {3: "a block id is outside the cache", 4: "a slot is outside the cache"}
+        reasons |= {6: "items outside the rows' heads"}
         reasons |= {10: "K is not a multiple of 32", 11: "no kernel for this block format"}
         reasons |= {12: "N is not a multiple of the rows a repacked group interleaves"}
+        reasons |= {13: "groups outside the matrix"}
         reasons |= {20: "this build has no AVX512-BF16 panels", 21: "k is odd"}
         raise KernelError(reasons.get(code, f"unsupported dtype (code {code})"))

@@ -293,12 +293,18 @@ void quant_linear(float* y, const float* x, const uint8_t* w, const float* bias,
       for (int64_t j = 0; j < n; ++j) y[m * n + j] += bias[j];
 }
 
+// Elements below which a dequantize stays on the calling thread: a decode step's embeddings
+// (a few rows) take a microsecond, and a region would wait for a second thread that the
+// server's other processes may hold just then, at the start of every step.
+constexpr int64_t kDequantizeSplit = 1 << 16;
+
 // The float32 rows [n, k] the blocks stand for, into `out`.
 template <int T>
 void dequantize_rows(float* out, const uint8_t* w, int64_t n, int64_t k, int threads) {
   using Block = typename Layout<T>::Block;
   const int64_t blocks = k / kBlock;
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+#pragma omp parallel for num_threads(threads) if (threads > 1 && n * k >= kDequantizeSplit) \
+    schedule(static)
   for (int64_t r = 0; r < n; ++r)
     for (int64_t i = 0; i < blocks; ++i) {
       const Block& b = reinterpret_cast<const Block*>(w)[r * blocks + i];

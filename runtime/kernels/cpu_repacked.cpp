@@ -164,6 +164,15 @@ void groups_of(float* y, const QuantizedX& xq, const uint8_t* w, const float* bi
 // ~120 products, one that waits on whichever thread the server's other processes preempted.
 constexpr int64_t kOwnRows = kTileM;
 
+// x's rows quantized by the calling thread, in its own buffer
+QuantizedX own_quantized(const float* x, int64_t rows, int64_t k) {
+  thread_local std::vector<int8_t> own;
+  own.resize(size_t(rows * (k + k / 4)));
+  const QuantizedX xq = quantized_x(own.data(), rows, k);
+  for (int64_t r = 0; r < rows; ++r) quantize_row(x, xq, r);
+  return xq;
+}
+
 template <int T>
 void repacked_linear(float* y, const float* x, const uint8_t* w, const float* bias,
                      int64_t rows, int64_t n, int64_t k, void* scratch, int threads) {
@@ -171,10 +180,7 @@ void repacked_linear(float* y, const float* x, const uint8_t* w, const float* bi
   if (rows <= kOwnRows) {
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-      thread_local std::vector<int8_t> own;
-      own.resize(size_t(rows * (k + k / 4)));
-      const QuantizedX xq = quantized_x(own.data(), rows, k);
-      for (int64_t r = 0; r < rows; ++r) quantize_row(x, xq, r);
+      const QuantizedX xq = own_quantized(x, rows, k);
 #pragma omp for schedule(static) nowait
       for (int64_t g = 0; g < groups; ++g) groups_of<T>(y, xq, w, bias, rows, n, g);
     }
@@ -246,6 +252,22 @@ int repacked_linear(int qtype, float* y, const float* x, const uint8_t* w, const
   if (qtype == kQ8_0) repacked_linear<kQ8_0>(y, x, w, bias, rows, n, k, scratch, threads);
   if (qtype == kQ4_0) repacked_linear<kQ4_0>(y, x, w, bias, rows, n, k, scratch, threads);
   if (qtype == kQ4_1) repacked_linear<kQ4_1>(y, x, w, bias, rows, n, k, scratch, threads);
+  return 0;
+}
+
+// The groups [first, end) of repacked_linear's y (kRows columns each) on the calling thread
+// alone: how cpu_team.h's two threads share a product.
+int repacked_groups(int qtype, float* y, const float* x, const uint8_t* w, const float* bias,
+                    int64_t rows, int64_t n, int64_t k, int64_t first, int64_t end) {
+  if (const int code = refuse(qtype, n, k)) return code;
+  if (first < 0 || end > n / kRows) return 13;
+  if (first >= end) return 0;
+  const QuantizedX xq = own_quantized(x, rows, k);
+  for (int64_t g = first; g < end; ++g) {
+    if (qtype == kQ8_0) groups_of<kQ8_0>(y, xq, w, bias, rows, n, g);
+    if (qtype == kQ4_0) groups_of<kQ4_0>(y, xq, w, bias, rows, n, g);
+    if (qtype == kQ4_1) groups_of<kQ4_1>(y, xq, w, bias, rows, n, g);
+  }
   return 0;
 }
 
