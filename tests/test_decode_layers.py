@@ -1,8 +1,9 @@
 """A pure decode step's layers in one call (runtime/layers/decode_layers.py, cpu_decode.cpp):
 the same kernels with the same arguments as the model's layer-by-layer Python, so the same
 bits: greedy tokens and every log-probability equal, in float32, bfloat16 and GGUF blocks, with
-several sequences of different lengths decoding together. And where it does not apply (q/k
-norms, the torch path), the model keeps its Python layers."""
+several sequences of different lengths decoding together; in float32 the call ends in the
+logits (the final norm and the LM head). And where it does not apply (q/k norms, the torch
+path), the model keeps its Python layers."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ from tests.engine_helpers import collect_all, random_prompts
 
 PROMPTS = random_prompts([1, 5, 17, 40], seed=3)
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, logprobs=2, ignore_eos=True)
+ENDED_IN_LOGITS: list[bool] = []  # each call: did it end in the logits (the final norm, head)?
+
+
+@pytest.fixture(autouse=True)
+def _fresh_calls() -> None:
+    ENDED_IN_LOGITS.clear()
 
 
 async def generate(
@@ -33,6 +40,7 @@ async def generate(
 
     def counted(self: CpuKernels, *args: Any) -> None:
         calls.append(args[5])  # its rows
+        ENDED_IN_LOGITS.append(args[-1] is not None)
         original(self, *args)
 
     with monkeypatch.context() as patch:
@@ -66,6 +74,8 @@ async def test_one_call_gives_the_python_layers_bits(
     prompts = PROMPTS if getattr(torch, dtype) in panels else PROMPTS[1:3]
     looped, calls = await generate(config, monkeypatch, prompts)
     assert calls > 0
+    # float32 steps end in the logits; bfloat16 ones leave the final norm and head to Python
+    assert any(ENDED_IN_LOGITS) == (dtype == "float32")
     assert looped == await python_layers(config, monkeypatch, prompts)
 
 
@@ -93,6 +103,7 @@ async def test_one_call_gives_the_python_layers_bits_on_gguf_blocks(
     looped, calls = await generate(config, monkeypatch)
     assert calls > 0
     assert kinds == {KIND_REPACKED if repacked else KIND_BLOCKS}
+    assert any(ENDED_IN_LOGITS)
     assert looped == await python_layers(config, monkeypatch)
 
 

@@ -7,7 +7,9 @@
 // (benchmarks/where_time_goes.py, ms a step): bfloat16 15.3 -> 8.7-11.0, float32 17.1 ->
 // 14.7, Q4_1 blocks 10.4 -> 7.0. The per-layer description comes from
 // runtime/layers/decode_layers.py (`LayerSpec` below, as int64 words); what a step changes
-// comes as arguments.
+// comes as arguments. A step of repacked GGUF blocks and few rows runs in one region whose
+// threads share each product part by part (cpu_team.h), the final norm and LM head included
+// where the step ends in the logits.
 
 #include <omp.h>
 
@@ -61,6 +63,13 @@ struct LayerSpec {
   LinearSpec qkv, o, gate_up, down;
 };
 static_assert(sizeof(LayerSpec) == 26 * sizeof(int64_t), "decode_layers.py's SPEC_WORDS");
+
+// The final norm and the LM head, where the step ends in every row's logits.
+struct HeadSpec {
+  int64_t norm;  // its weight
+  LinearSpec linear;
+};
+static_assert(sizeof(HeadSpec) == 7 * sizeof(int64_t), "decode_layers.py's HEAD_WORDS");
 
 const void* at(int64_t address) { return reinterpret_cast<const void*>(address); }
 
@@ -200,6 +209,8 @@ struct Chain {
   void *cache;
   int64_t cache_stride;
   void *residual, *y;
+  const HeadSpec* head;  // none: the step ends with the last layer's output
+  void* logits;          // [rows, the head's n] float32
 };
 
 int layers_of(const Step& s, const Chain& c) {
@@ -209,15 +220,19 @@ int layers_of(const Step& s, const Chain& c) {
     const int code = layer(s, c.specs[i], c.w, layer_cache, c.residual, c.y, i == 0);
     if (code) return code;
   }
-  return 0;
+  if (!c.head) return 0;
+  const int code = fused_add_rms_norm(s.dtype, c.w.h, c.residual, c.y, at(c.head->norm),
+                                      s.rows, s.hidden, s.eps, s.threads);
+  return code ? code : product(s, c.head->linear, c.logits, c.w.h);
 }
 
 // Rows up to which the two threads share a step's products by halves (cpu_team.h): a few,
 // whose products are short and many; more rows keep OpenMP's regions.
 constexpr int64_t kTeamRows = 4;
 
-bool team_applies(const Step& s, const LayerSpec* specs, int64_t layers) {
+bool team_applies(const Step& s, const LayerSpec* specs, int64_t layers, const HeadSpec* head) {
   if (s.threads < 2 || s.rows > kTeamRows || s.dtype != 0) return false;
+  if (head && head->linear.kind != kRepacked) return false;
   for (int64_t i = 0; i < layers; ++i)
     for (const LinearSpec* l : {&specs[i].qkv, &specs[i].o, &specs[i].gate_up, &specs[i].down})
       if (l->kind != kRepacked) return false;
@@ -232,20 +247,23 @@ extern "C" {
 // stream going out, `y` the last layer's output (the final norm's other input). The first
 // layer norms the embeddings; every later one adds its predecessor's output first, in place.
 // cache: layer 0's [2, kv_heads, num_blocks, block_size, dim], the next `cache_stride`
-// elements on. work: h, qkv, attn, gate_up, act; scratch: what the linears need.
+// elements on. work: h, qkv, attn, gate_up, act; scratch: what the linears need. head (or
+// null): the final norm and the LM head, whose products of every row go to `logits`.
 int decode_layers(int dtype, const int64_t* spec, int64_t layers, void* residual, void* y,
                   int64_t rows, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t dim,
                   float eps, float scale, const void* cos, const void* sin, void* cache,
                   int64_t cache_stride, int64_t num_blocks, int64_t block_size,
                   const int64_t* slots, const int64_t* tables, int64_t table_width,
-                  const int64_t* lens, void* const* work, void* scratch, int threads) {
+                  const int64_t* lens, void* const* work, void* scratch, int threads,
+                  const int64_t* head, void* logits) {
   if (dtype != 0 && dtype != 1) return 100 + dtype;
   Step s{dtype, rows, hidden, heads, kv_heads, dim, eps, scale, cos, sin, slots,
          tables, lens, table_width, num_blocks, block_size, scratch, threads, nullptr};
   const Work w{work[0], work[1], work[2], work[3], work[4]};
   const auto* specs = reinterpret_cast<const LayerSpec*>(spec);
-  const Chain chain{specs, layers, w, cache, cache_stride, residual, y};
-  if (!team_applies(s, specs, layers)) return layers_of(s, chain);
+  const auto* head_spec = reinterpret_cast<const HeadSpec*>(head);
+  const Chain chain{specs, layers, w, cache, cache_stride, residual, y, head_spec, logits};
+  if (!team_applies(s, specs, layers, head_spec)) return layers_of(s, chain);
   StepTeam team(threads);
   int code = 0;
   s.team = &team;

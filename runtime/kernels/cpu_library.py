@@ -41,7 +41,7 @@ SIGNATURES = {
     "repacked_formats": "",
     "repacked_rows": "",
     "repacked_groups": "i p p p p q q q q q",
-    "decode_layers": "i p q p p q q q q q f f p p p q q q p p q p p p i",
+    "decode_layers": "i p q p p q q q q q f f p p p q q q p p q p p p i p p",
 }
 QUANT_ISAS = {0: "plain loops", 1: "AVX2", 2: "AVX-512", 3: "AVX-512 VNNI"}
 _CTYPES = {"i": ctypes.c_int, "q": ctypes.c_int64, "f": ctypes.c_float, "p": ctypes.c_void_p}

@@ -8,6 +8,10 @@ step hands the C++ loop only what changes: the rows, the rotary tables, the cach
 The same kernels run with the same arguments, so the results are the same bits as the
 layer-by-layer path (tests/test_decode_layers.py compares them).
 
+Where every row samples (a decode step's rows are its sequences' last tokens) and the model
+is float32, the call goes on through the final norm and the LM head to the logits, so that
+a step's threads share the head in the same region as the layers (cpu_team.h).
+
 It covers what the kernels cover: one tensor-parallel rank, no q/k norms (Qwen3 keeps the
 Python path), linears the CPU kernels multiply. It is rebuilt whenever the weights are packed
 again (a weight update replaces their tensors); `plan` returns None where it does not apply.
@@ -32,11 +36,16 @@ if TYPE_CHECKING:
     from runtime.models.llama import DecoderLayer, LlamaForCausalLM
 
 SPEC_WORDS = 26  # int64 words of cpu_decode.cpp's LayerSpec
+HEAD_WORDS = 7  # and of its HeadSpec
 
 
 class DecodeLayers:
     def __init__(
-        self, model: LlamaForCausalLM, kernels: CpuKernels, linears: list[list[LinearSpec]]
+        self,
+        model: LlamaForCausalLM,
+        kernels: CpuKernels,
+        linears: list[list[LinearSpec]],
+        head: LinearSpec | None,
     ) -> None:
         args, first = model.args, decoder_layers(model)[0]
         self.kernels = kernels
@@ -58,7 +67,12 @@ class DecodeLayers:
         # the step's buffers (cpu_decode.cpp's Work), each [rows, width], in one tensor
         widths = (self.hidden, qkv.n, self.heads * self.dim, gate_up.n, gate_up.n // 2)
         self.width, self.starts = sum(widths), list(itertools.accumulate((0, *widths[:-1])))
-        self.scratch = scratch_sizes(self.linears, self.dtype)
+        self.scratch = scratch_sizes(self.linears + ([head] if head else []), self.dtype)
+        # the final norm and the LM head, where the step ends in every row's logits
+        self.head = head
+        if head is not None:
+            norm = model.model.norm.weight.data_ptr()
+            self.head_spec = torch.tensor([norm, *head[:6]], dtype=torch.int64)
 
     def runs(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
         """Whether this step is one the loop computes: decode rows only, with the kernels."""
@@ -72,14 +86,41 @@ class DecodeLayers:
             and meta.decode_lens is not None
         )
 
+    def ends_in_logits(self, x: torch.Tensor, logit_rows: torch.Tensor) -> bool:
+        """Whether the step's call can end in the logits too: every row samples (a decode
+        step's rows are its sequences' last tokens, in order) and the head takes them."""
+        head = self.head
+        return head is not None and logit_rows.shape[0] == x.shape[0] <= head.max_rows
+
+    def logits(
+        self, x: torch.Tensor, rope: Rope, kv_caches: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:  # [rows, vocab] float32
+        """The layers, the final norm and the LM head in one call (`ends_in_logits`)."""
+        assert self.head is not None
+        logits = torch.empty((x.shape[0], self.head.n), dtype=torch.float32)
+        self._run(x, torch.empty_like(x), rope, kv_caches, meta, logits)
+        return logits
+
     def __call__(
         self, x: torch.Tensor, rope: Rope, kv_caches: torch.Tensor, meta: AttentionMetadata
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(the last layer's output, the residual stream before it), as the layers return
         them; x (the embeddings) becomes the residual stream, in place."""
+        y = torch.empty_like(x)
+        self._run(x, y, rope, kv_caches, meta, None)
+        return y, x
+
+    def _run(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        rope: Rope,
+        kv_caches: torch.Tensor,
+        meta: AttentionMetadata,
+        logits: torch.Tensor | None,
+    ) -> None:
         assert meta.decode_tables is not None and meta.decode_lens is not None
         rows, threads = x.shape[0], torch.get_num_threads()
-        y = torch.empty_like(x)
         work = torch.empty(rows * self.width, dtype=self.dtype)
         step = work.element_size() * rows
         buffers = torch.tensor([work.data_ptr() + step * start for start in self.starts])
@@ -97,8 +138,9 @@ class DecodeLayers:
             num_blocks, block_size, meta.slot_mapping.data_ptr(), meta.decode_tables.data_ptr(),
             meta.decode_tables.shape[1], meta.decode_lens.data_ptr(), buffers.data_ptr(),
             self.kernels._scratch(self._scratch_bytes(rows, threads)), threads,
+            None if logits is None else self.head_spec.data_ptr(),
+            None if logits is None else logits.data_ptr(),
         )  # fmt: skip
-        return y, x
 
     def _scratch_bytes(self, rows: int, threads: int) -> int:
         return max(per_row * rows + per_thread * threads for per_row, per_thread in self.scratch)
@@ -146,7 +188,17 @@ def plan(model: LlamaForCausalLM, kernels: Any) -> DecodeLayers | None:
         if any(s is None for s in specs) or any(n.dtype != dtype for n in norms):
             return None
         linears.append([s for s in specs if s is not None])
-    return DecodeLayers(model, kernels, linears)
+    return DecodeLayers(model, kernels, linears, head_spec(model, dtype))
+
+
+def head_spec(model: LlamaForCausalLM, dtype: torch.dtype) -> LinearSpec | None:
+    """The LM head as the one call may end with it: float32 logits, as the Python path's,
+    from a norm of the layers' eps and dtype (None: the step ends with the layers)."""
+    norm, head = model.model.norm, model.lm_head
+    layer_norm = decoder_layers(model)[0].input_layernorm
+    if dtype != torch.float32 or norm.weight.dtype != dtype or norm.eps != layer_norm.eps:
+        return None
+    return head.decode_spec(dtype) if head.bias is None else None
 
 
 def decoder_layers(model: LlamaForCausalLM) -> list[DecoderLayer]:

@@ -180,7 +180,16 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         logit_rows: torch.Tensor,  # rows whose next-token logits are wanted
     ) -> torch.Tensor | None:  # [len(logit_rows), vocab] on tensor-parallel rank 0
-        x, residual = self.hidden_states(input_ids, positions, kv_caches, meta)
+        x = self.model.embed_tokens(input_ids)
+        rope = self.rotary.lookup(positions, x.dtype)
+        one_call = self.decode_layers
+        if (
+            one_call is not None
+            and one_call.runs(x, meta)
+            and one_call.ends_in_logits(x, logit_rows)
+        ):
+            return one_call.logits(x, rope, kv_caches, meta)
+        x, residual = self._layers(x, rope, kv_caches, meta)
         return self.logits(x, residual, logit_rows, meta)
 
     def hidden_states(
@@ -193,7 +202,11 @@ class LlamaForCausalLM(nn.Module):
         """The last layer's output and the residual stream before it (every rank has them
         whole: the layers end in all-reduces)."""
         x = self.model.embed_tokens(input_ids)
-        rope = self.rotary.lookup(positions, x.dtype)
+        return self._layers(x, self.rotary.lookup(positions, x.dtype), kv_caches, meta)
+
+    def _layers(
+        self, x: torch.Tensor, rope: Rope, kv_caches: torch.Tensor, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.decode_layers is not None and self.decode_layers.runs(x, meta):
             return self.decode_layers(x, rope, kv_caches, meta)
         residual = None
