@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from runtime.models.llama import DecoderLayer, LlamaForCausalLM
 
 SPEC_WORDS = 26  # int64 words of cpu_decode.cpp's LayerSpec
-HEAD_WORDS = 7  # and of its HeadSpec
+HEAD_WORDS = 7  # and of its HeadSpec: the final norm's weight, then the head's LinearSpec
 
 
 class DecodeLayers:
@@ -72,7 +72,7 @@ class DecodeLayers:
         self.head = head
         if head is not None:
             norm = model.model.norm.weight.data_ptr()
-            self.head_spec = torch.tensor([norm, *head[:6]], dtype=torch.int64)
+            self.head_spec = torch.tensor([norm, *head[: HEAD_WORDS - 1]], dtype=torch.int64)
 
     def runs(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
         """Whether this step is one the loop computes: decode rows only, with the kernels."""
