@@ -22,6 +22,7 @@ from runtime.wire.messages import Logprobs, ShardStep, StepPlan
 from runtime.worker.batch_inputs import InputBuilder, ModelInputs
 from runtime.worker.decode_graphs import DecodeGraphs
 from runtime.worker.grammar_masks import GrammarMasks, MaskJob
+from runtime.worker.huge_pages import huge_zeros
 from runtime.worker.kv_memory import default_kv_cache_memory
 from runtime.worker.logits_processors import LogitsProcessors
 from runtime.worker.logprobs import PromptLogprobs, top_logprobs
@@ -167,6 +168,8 @@ class ModelRunner:
         return graphs
 
     def _new_kv_caches(self) -> torch.Tensor:
+        if self.device.type == "cpu":  # a decode step reads every sequence's whole context
+            return huge_zeros(self.cache_shape, self.info.dtype)
         return torch.zeros(self.cache_shape, dtype=self.info.dtype, device=self.device)
 
     def release_memory(self, tags: tuple[str, ...]) -> None:

@@ -29,6 +29,7 @@ from runtime.layers.decode_layers import install as install_decode_layers
 from runtime.layers.parallel import Slot, TPGroup, VocabParallelEmbedding
 from runtime.models import MODELS
 from runtime.models.llama import ModelArgs
+from runtime.worker.huge_pages import gather_packed_copies
 from runtime.worker.loader import (
     CheckpointError,
     check_disjoint,
@@ -89,6 +90,7 @@ class ModelShape:
         if self.device.type == "cpu":
             kernels = quant_kernels(self.kernels)
             pack_linears_for_cpu(model, streamed_linear(self.kernels), kernels, kernels)
+            gather_packed_copies(model)
             install_decode_layers(model, kernels)  # the addresses of the weights just packed
             for module in model.modules():
                 if isinstance(module, VocabParallelEmbedding):
