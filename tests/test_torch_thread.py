@@ -104,28 +104,3 @@ async def test_close_gives_up_on_a_job_that_never_returns() -> None:
     await torch_thread.close(grace=0.05)
     assert torch_thread._thread.is_alive()
     release.set()
-
-
-async def test_submitted_jobs_run_back_to_back_and_answer_when_asked() -> None:
-    """`submit` returns at once: the thread goes from one job to the next without this loop
-    taking the first's result (the worker's next step waits for no one)."""
-    torch_thread = TorchThread()
-    release = threading.Event()
-    ran: list[str] = []
-
-    def first() -> int:
-        release.wait()
-        ran.append("first")
-        return 1
-
-    def second() -> int:
-        ran.append("second")
-        return 2
-
-    earlier, later = torch_thread.submit(first), torch_thread.submit(second)
-    assert ran == []
-    release.set()
-    assert await later.result() == 2  # done while nobody waited for `earlier`
-    assert ran == ["first", "second"]
-    assert await earlier.result() == 1
-    await torch_thread.close()

@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-import math
 import time
-from dataclasses import dataclass
 
 import trio
 from torch import distributed as dist
@@ -31,7 +29,7 @@ from runtime.worker.control import WorkerControl
 from runtime.worker.model_runner import ModelRunner, StepOutcome
 from runtime.worker.profiler import WorkerProfiler
 from runtime.worker.shard_follower import start_rank
-from runtime.worker.torch_thread import Job, TorchThread
+from runtime.worker.torch_thread import TorchThread
 
 
 def return_freed_memory() -> None:
@@ -41,15 +39,6 @@ def return_freed_memory() -> None:
     after a 100M-parameter update from a trainer."""
     with contextlib.suppress(OSError, AttributeError):  # not glibc
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-@dataclass(frozen=True, slots=True)
-class FinishedStep:
-    step: int
-    outcome: StepOutcome
-    # seconds the torch thread waited for this plan, if the plan was queued behind the step
-    # before it (else the engine had no work: that is not idle)
-    idle: float
 
 
 class WorkerActor:
@@ -69,7 +58,6 @@ class WorkerActor:
         self.name = actor_name("worker", dp_rank, config.data_parallel_size)
         self._torch: TorchThread | None = None  # all its torch work: see torch_thread.py
         self._stats = WorkerStats()
-        self._finished = 0.0  # when the torch thread ended its latest step
 
     def statistics(self) -> WorkerStats:
         """Counters since the worker started, as of the end of its latest step."""
@@ -149,83 +137,42 @@ class WorkerActor:
         scheduler: MessageChannel,
         nursery: trio.Nursery,
     ) -> None:
-        """Each plan goes to the torch thread as soon as it comes: with two steps in flight
-        the next plan is here while a step runs, and the thread goes from one step straight
-        to the next instead of waiting for this loop to send a result and take the next plan
-        (0.5-0.9 ms a step on a busy 2-core machine). `_send_results` sends the results in
-        order. Any other message waits until the results before it are sent and is then
-        handled alone, between steps, as if the steps had run one at a time."""
         profiler = control.profiler
         assert profiler is not None, "rank 0 profiles"
-        self._finished = time.perf_counter()
-        send, pending = trio.open_memory_channel[Job[FinishedStep] | trio.Event](
-            math.inf  # bounded by the scheduler: at most `max_steps_in_flight` plans
-        )
-        async with trio.open_nursery() as sending:
-            sending.start_soon(self._send_results, runner, pending, scheduler)
-            while True:
-                msg = await scheduler.recv()
-                if isinstance(msg, StepPlan):
-                    send.send_nowait(self.torch.submit(self._step, runner, profiler, msg))
-                    continue
-                sent = trio.Event()  # once every result before it is sent
-                send.send_nowait(sent)
-                await sent.wait()
-                await self._handle(msg, control, scheduler, nursery)
-
-    def _step(self, runner: ModelRunner, profiler: WorkerProfiler, plan: StepPlan) -> FinishedStep:
-        """One step, on the torch thread."""
-        started = time.perf_counter()
-        idle = started - self._finished if plan.queued else 0.0
-        outcome = runner.execute(plan)
-        if profiler.counting:  # it may stop: where it started, with the steps
-            profiler.step_done()
-        self._finished = time.perf_counter()
-        return FinishedStep(plan.step, outcome, idle)
-
-    async def _send_results(
-        self,
-        runner: ModelRunner,
-        pending: trio.MemoryReceiveChannel[Job[FinishedStep] | trio.Event],
-        scheduler: MessageChannel,
-    ) -> None:
-        async for item in pending:
-            if isinstance(item, trio.Event):
-                item.set()
-                continue
-            step = await item.result()
-            outcome = step.outcome
-            self._count(outcome, step.idle, runner.tp.communicate_seconds)
-            await scheduler.send(
-                StepResult(
-                    step.step,
-                    outcome.seq_ids,
-                    outcome.token_ids,
-                    outcome.logprobs,
-                    self.statistics(),
-                    outcome.top,
-                    outcome.prompt,
-                    outcome.pooled_seq_ids,
-                    outcome.pooled,
-                )
-            )
-
-    async def _handle(
-        self,
-        msg: object,
-        control: WorkerControl,
-        scheduler: MessageChannel,
-        nursery: trio.Nursery,
-    ) -> None:
-        match msg:
-            case Ping(nonce=nonce):
-                await scheduler.send(Pong(nonce, None, self.statistics()))
-            case Control(nonce=nonce, op=op) if op.runs is Runs.BESIDE_STEPS:
-                nursery.start_soon(self._answer, control, scheduler, nonce, op)
-            case Control(nonce=nonce, op=op):
-                await self._answer(control, scheduler, nonce, op)
-            case _:
-                raise WireError(f"worker got an unexpected {type(msg).__name__}")
+        finished = time.perf_counter()
+        while True:
+            msg = await scheduler.recv()
+            match msg:
+                case StepPlan():
+                    # waiting for a plan counts as idle only if it was queued behind the
+                    # previous step, i.e. it could have been here; else the engine had no work
+                    idle = time.perf_counter() - finished if msg.queued else 0.0
+                    outcome = await self._execute(runner, msg)
+                    self._count(outcome, idle, runner.tp.communicate_seconds)
+                    if profiler.counting:  # it may stop: where it started, with the steps
+                        await self.torch.run(profiler.step_done)
+                    await scheduler.send(
+                        StepResult(
+                            msg.step,
+                            outcome.seq_ids,
+                            outcome.token_ids,
+                            outcome.logprobs,
+                            self.statistics(),
+                            outcome.top,
+                            outcome.prompt,
+                            outcome.pooled_seq_ids,
+                            outcome.pooled,
+                        )
+                    )
+                    finished = time.perf_counter()
+                case Ping(nonce=nonce):
+                    await scheduler.send(Pong(nonce, None, self.statistics()))
+                case Control(nonce=nonce, op=op) if op.runs is Runs.BESIDE_STEPS:
+                    nursery.start_soon(self._answer, control, scheduler, nonce, op)
+                case Control(nonce=nonce, op=op):
+                    await self._answer(control, scheduler, nonce, op)
+                case _:
+                    raise WireError(f"worker got an unexpected {type(msg).__name__}")
 
     async def _answer(
         self, control: WorkerControl, scheduler: MessageChannel, nonce: int, op: ControlOp
@@ -258,6 +205,9 @@ class WorkerActor:
         gc.collect()
         gc.freeze()
         await self.torch.run(return_freed_memory)
+
+    async def _execute(self, runner: ModelRunner, plan: StepPlan) -> StepOutcome:
+        return await self.torch.run(runner.execute, plan)
 
     def _count(self, outcome: StepOutcome, idle: float, communicated: float) -> None:
         s = self._stats

@@ -16,42 +16,13 @@ import contextlib
 import queue
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 import outcome
 import trio
 
 T = TypeVar("T")
 CLOSE_GRACE = 5.0  # seconds `close` waits for the jobs before it to end
-
-
-class Job(Generic[T]):
-    """One piece of work given to the torch thread; its result is awaited on the trio loop."""
-
-    def __init__(
-        self, fn: Callable[..., T], args: tuple[object, ...], token: trio.lowlevel.TrioToken
-    ) -> None:
-        self._call = (fn, args)
-        self._token = token
-        self._done = trio.Event()
-        self._result: outcome.Outcome[T] | None = None
-
-    def run(self) -> None:
-        """On the torch thread."""
-        fn, args = self._call
-        self._result = outcome.capture(fn, *args)
-        del self._call  # what the work held is freed now, not when the result is taken
-        # abandoned, its loop may have ended since
-        with contextlib.suppress(trio.RunFinishedError):
-            self._token.run_sync_soon(self._done.set)
-
-    async def result(self, abandon_on_cancel: bool = False) -> T:
-        """Wait for the end, even if cancelled unless `abandon_on_cancel` (as
-        `trio.to_thread.run_sync`: then the work runs on, and what comes after waits for it)."""
-        with trio.CancelScope(shield=not abandon_on_cancel):
-            await self._done.wait()
-        assert self._result is not None
-        return self._result.unwrap()
 
 
 class TorchThread:
@@ -64,14 +35,22 @@ class TorchThread:
         """`fn(*args)` on the torch thread, after the work given before it. As
         `trio.to_thread.run_sync`: the caller waits for the end even if cancelled, unless
         `abandon_on_cancel` (then the work runs on, and what comes after waits for it)."""
-        return await self.submit(fn, *args).result(abandon_on_cancel=abandon_on_cancel)
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+        result: outcome.Outcome[T] | None = None
 
-    def submit(self, fn: Callable[..., T], *args: object) -> Job[T]:
-        """Give `fn(*args)` to the torch thread now and await its result later: the thread
-        goes on to it straight from the work before, without waiting for this loop."""
-        job = Job(fn, args, trio.lowlevel.current_trio_token())
-        self._jobs.put(job.run)
-        return job
+        def job() -> None:
+            nonlocal result
+            result = outcome.capture(fn, *args)
+            # abandoned, its loop may have ended since
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(done.set)
+
+        self._jobs.put(job)
+        with trio.CancelScope(shield=not abandon_on_cancel):
+            await done.wait()
+        assert result is not None
+        return result.unwrap()
 
     async def close(self, grace: float = CLOSE_GRACE) -> None:
         """Let the thread end after the work given so far, and wait for it (up to
