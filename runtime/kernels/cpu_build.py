@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 NAMES = ("attention", "decode", "fused", "linear", "panels", "quant", "repacked", "sampling")
 SOURCES = tuple(HERE / f"cpu_{name}.cpp" for name in NAMES)
-HEADER_NAMES = ("attention_tiles", "blocks", "common", "lanes", "team")
+HEADER_NAMES = ("attention_tiles", "blocks", "common", "lanes", "rows", "team")
 HEADERS = tuple(HERE / f"cpu_{name}.h" for name in HEADER_NAMES)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
          "-fno-math-errno", "-fno-trapping-math")  # fmt: skip

@@ -3,14 +3,16 @@
 // Each rounds where the torch path rounds, so bfloat16 results match it, not just float32.
 //
 // Rows of `dim` elements are contiguous; rows are spread over OpenMP threads only when there
-// are enough elements, since starting a parallel region (~2 us with the threads spinning) costs
-// more than a small decode's work. SmolLM2's batch 32 in bfloat16 on an AMD EPYC, one thread
-// against two: silu_and_mul [32, 2 x 1536] 35 -> 22 us, add + norm [32, 576] 17 -> 10 us,
-// rotary [32, 12, 64] 16 -> 10 us.
+// are enough elements, since starting a parallel region (~2 us with the threads spinning)
+// costs more than a small decode's work, and otherwise run with no region at all (cpu_rows.h).
+// SmolLM2's batch 32 in bfloat16 on an AMD EPYC, one thread against two: silu_and_mul
+// [32, 2 x 1536] 35 -> 22 us, add + norm [32, 576] 17 -> 10 us, rotary [32, 12, 64] 16 ->
+// 10 us.
 
 #include <cstdint>
 
 #include "cpu_common.h"
+#include "cpu_rows.h"
 
 namespace {
 
@@ -26,8 +28,7 @@ inline bool split(int64_t rows, int64_t width) {
 template <typename T>
 void add_rms_norm(T* out, T* residual, const T* x, const T* weight, int64_t rows, int64_t dim,
                   float eps, int threads) {
-#pragma omp parallel for num_threads(threads) if (split(rows, dim))
-  for (int64_t r = 0; r < rows; ++r) {
+  for_rows(rows, threads, split(rows, dim), [&](int64_t r) {
     const T* in = x + r * dim;
     T* sum = residual ? residual + r * dim : nullptr;
     float squares = 0.f;
@@ -48,7 +49,7 @@ void add_rms_norm(T* out, T* residual, const T* x, const T* weight, int64_t rows
 #pragma omp simd
     for (int64_t d = 0; d < dim; ++d)
       store(to_float(weight[d]) * round_as<T>(to_float(in[d]) * inv), o + d);
-  }
+  });
 }
 
 inline float silu(float g) { return g / (1.f + vector_exp(-g)); }
@@ -58,8 +59,7 @@ inline float silu(float g) { return g / (1.f + vector_exp(-g)); }
 // 5x slower than torch.)
 template <typename T>
 void silu_and_mul(T* out, const T* x, int64_t rows, int64_t inter, int threads) {
-#pragma omp parallel for num_threads(threads) if (split(rows, 2 * inter))
-  for (int64_t r = 0; r < rows; ++r) {
+  for_rows(rows, threads, split(rows, 2 * inter), [&](int64_t r) {
     const T* gate = x + r * 2 * inter;
     const T* up = gate + inter;
     T* o = out + r * inter;
@@ -74,7 +74,7 @@ void silu_and_mul(T* out, const T* x, int64_t rows, int64_t inter, int threads) 
     }
 #endif
     for (; i < inter; ++i) store(round_as<T>(silu(to_float(gate[i]))) * to_float(up[i]), o + i);
-  }
+  });
 }
 
 // In place on x [tokens, heads, dim] (token stride given, heads packed): x * cos +
@@ -83,8 +83,7 @@ template <typename T>
 void rotary(T* x, int64_t token_stride, int64_t tokens, int64_t heads, int64_t dim,
             const T* cos, const T* sin_signed, int threads) {
   const int64_t half = dim / 2;
-#pragma omp parallel for num_threads(threads) if (split(tokens, heads * dim))
-  for (int64_t t = 0; t < tokens; ++t) {
+  for_rows(tokens, threads, split(tokens, heads * dim), [&](int64_t t) {
     const T* c = cos + t * dim;
     const T* s = sin_signed + t * dim;
     for (int64_t h = 0; h < heads; ++h) {
@@ -98,7 +97,7 @@ void rotary(T* x, int64_t token_stride, int64_t tokens, int64_t heads, int64_t d
         store(new_hi, v + i + half);
       }
     }
-  }
+  });
 }
 
 }  // namespace
