@@ -57,8 +57,10 @@ def test_copies_keep_values_in_one_arena_in_order() -> None:
 
 @pytest.mark.skipif(not advises(), reason="no transparent huge pages on this system")
 def test_the_memory_asks_for_huge_pages() -> None:
+    # (no check that torch's own memory did not ask: memory that asked and was freed goes back
+    # to glibc's heap still asking, and later allocations may land in it)
     assert asked_for_huge_pages(into_huge_pages([torch.ones(HUGE_PAGE)])[0])
-    assert not asked_for_huge_pages(torch.ones(HUGE_PAGE))  # torch's own: 4 KB pages
+    assert asked_for_huge_pages(huge_zeros((HUGE_PAGE,), torch.float32))
 
 
 def test_a_served_gguf_model_streams_from_one_arena(gguf_files: dict[str, Path]) -> None:
