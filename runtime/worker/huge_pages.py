@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import mmap
 from collections.abc import Sequence
 from typing import Any
@@ -57,10 +58,7 @@ def huge_empty(nbytes: int) -> torch.Tensor:
 
 def huge_zeros(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """torch.zeros(shape, dtype=dtype), in huge pages."""
-    numel = 1
-    for size in shape:
-        numel *= size
-    memory = huge_empty(numel * torch.empty((), dtype=dtype).element_size())
+    memory = huge_empty(math.prod(shape) * dtype.itemsize)
     return memory.view(dtype).view(tuple(shape)).zero_()
 
 
@@ -87,11 +85,9 @@ def into_huge_pages(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     offsets, end = [], 0
     for tensor in tensors:
         offsets.append(end)
-        end += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
+        end += -(-tensor.nbytes // ALIGN) * ALIGN
     arena = huge_empty(end)
-    copies = []
-    for tensor, offset in zip(tensors, offsets, strict=True):
-        nbytes = tensor.numel() * tensor.element_size()
-        copy = arena[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
-        copies.append(copy.copy_(tensor))
-    return copies
+    return [
+        arena[offset : offset + t.nbytes].view(t.dtype).view(t.shape).copy_(t)
+        for t, offset in zip(tensors, offsets, strict=True)
+    ]
