@@ -93,29 +93,74 @@ def test_mixed_batch_matches_dense_attention(dtype: torch.dtype, backend: str) -
     torch.testing.assert_close(out, expected, **tolerance)
 
 
+def decode_case(
+    dtype: torch.dtype, dim: int, lens: list[int], seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [rows, HEADS, dim], a cache, block tables and lengths of decode rows."""
+    gen = torch.Generator().manual_seed(seed)
+    width = -(-max(lens) // BLOCK)
+    q = torch.randn(len(lens), HEADS, dim, generator=gen).to(dtype)
+    num_blocks = len(lens) * width
+    cache = torch.randn(2, KV_HEADS, num_blocks, BLOCK, dim, generator=gen).to(dtype)
+    tables = torch.randperm(num_blocks, generator=gen).view(len(lens), width)
+    return q, cache, tables, torch.tensor(lens)
+
+
+TOLERANCE = {
+    torch.float32: {"atol": 1e-5, "rtol": 1e-4},
+    torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2},
+}
+
+
+@pytest.mark.parametrize("dim", [8, 64])  # plain loops; AVX-512 (and AVX512-BF16) where present
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_rows_longer_than_a_chunk_match_dense_attention(
+    dtype: torch.dtype, dim: int
+) -> None:
+    """A decode row's tokens go in chunks of 64 whose softmax parts are merged
+    (cpu_attention.cpp): lengths on both sides of a chunk's edge, and several chunks."""
+    lens = [1, 63, 64, 65, 200]
+    q, cache, tables, context = decode_case(dtype, dim, lens, seed=4)
+    out = load_cpu_kernels().decode(q, cache, tables, context, dim**-0.5)
+    for row, n in enumerate(lens):
+        keys = cache[:, :, tables[row]].flatten(2, 3)[:, :, :n].float()  # [2, kv, n, dim]
+        expected = F.scaled_dot_product_attention(
+            q[row].float()[:, None], keys[0], keys[1], enable_gqa=True
+        )[:, 0]
+        torch.testing.assert_close(out[row].float(), expected, **TOLERANCE[dtype])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_items_computed_apart_make_the_same_output(dtype: torch.dtype) -> None:
-    """How cpu_team.h's threads share a decode step's attention: each its own range of
-    (row, kv head) items; together the same bits as one call, and a range past the rows'
-    heads is refused."""
-    kernels, gen = load_cpu_kernels(), torch.Generator().manual_seed(1)
-    rows, width = 3, 4
-    q = torch.randn(rows, HEADS, DIM, generator=gen).to(dtype)
-    cache = torch.randn(2, KV_HEADS, NUM_BLOCKS, BLOCK, DIM, generator=gen).to(dtype)
-    tables = torch.randperm(NUM_BLOCKS, generator=gen)[: rows * width].view(rows, width)
-    lens = torch.tensor([3, 16, 9])
-    whole = kernels.decode(q, cache, tables, lens, 0.3)
-    out = torch.full_like(whole, float("nan"))
+    """How cpu_team.h's threads share a decode step's attention: each its own range of items
+    (a row's kv head over a chunk of its tokens) into their partials, merged afterwards;
+    together the same bits as one call, and a range past the rows' items is refused."""
+    kernels = load_cpu_kernels()
+    lens = [3, 130, 9]  # items: 2 kv heads x (1, 3, 1) chunks
+    q, cache, tables, context = decode_case(dtype, DIM, lens, seed=1)
+    rows, width = tables.shape
+    whole = kernels.decode(q, cache, tables, context, 0.3)
+    counts = torch.zeros(2, dtype=torch.long)
+    kernels._call("paged_decode_partials", context.data_ptr(), rows, HEADS, KV_HEADS, DIM,
+                  counts.data_ptr())  # fmt: skip
+    items = int(counts[0])
+    assert items == KV_HEADS * 5
+    partials = torch.full((int(counts[1]),), float("nan"))
+    code = 0 if dtype == torch.float32 else 1
 
-    def items(first: int, end: int) -> None:
+    def compute(first: int, end: int) -> None:
         kernels._call(
-            "paged_decode_items", 0 if dtype == torch.float32 else 1, out.data_ptr(),
+            "paged_decode_items", code, partials.data_ptr(),
             q.data_ptr(), q.stride(0), cache.data_ptr(), tables.data_ptr(), width,
-            lens.data_ptr(), rows, HEADS, KV_HEADS, NUM_BLOCKS, BLOCK, DIM, 0.3, 1, first, end,
+            context.data_ptr(), rows, HEADS, KV_HEADS, cache.shape[2], BLOCK, DIM, 0.3, 1,
+            first, end,
         )  # fmt: skip
 
-    for first, end in ((0, 1), (1, 1), (1, 4), (4, rows * KV_HEADS)):
-        items(first, end)
+    for first, end in ((0, 1), (1, 1), (1, 4), (4, 7), (7, items)):
+        compute(first, end)
+    out = torch.full_like(whole, float("nan"))
+    kernels._call("paged_decode_merge", code, out.data_ptr(), partials.data_ptr(),
+                  context.data_ptr(), rows, HEADS, KV_HEADS, DIM, 1)  # fmt: skip
     assert torch.equal(out, whole)
     with pytest.raises(KernelError, match="items outside"):
-        items(0, rows * KV_HEADS + 1)
+        compute(0, items + 1)

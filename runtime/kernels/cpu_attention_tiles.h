@@ -46,19 +46,30 @@ void pv_tile(const float* __restrict probs, const T* rows, int n, int64_t group,
     }
 }
 
-// Each of the `group` rows of `scores` (len floats) becomes its softmax.
-inline void softmax_rows(float* scores, int64_t group, int64_t len) {
+// Each of the `group` rows of `scores` (len floats) becomes exp(score - the row's max); the
+// max and the sum of the exps go to top[g] and total[g].
+inline void exp_rows(float* scores, int64_t group, int64_t len, float* top, float* total) {
   for (int64_t g = 0; g < group; ++g) {
     float* __restrict s = scores + g * len;
-    float top = -INFINITY;
-    for (int64_t t = 0; t < len; ++t) top = s[t] > top ? s[t] : top;
-    float total = 0.f;
-#pragma omp simd reduction(+ : total)
+    float most = -INFINITY;
+    for (int64_t t = 0; t < len; ++t) most = s[t] > most ? s[t] : most;
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
     for (int64_t t = 0; t < len; ++t) {
-      s[t] = vector_exp(s[t] - top);
-      total += s[t];
+      s[t] = vector_exp(s[t] - most);
+      sum += s[t];
     }
-    const float inv = 1.f / total;
+    top[g] = most;
+    total[g] = sum;
+  }
+}
+
+// Each of the `group` rows of `scores` (len floats) becomes its softmax.
+inline void softmax_rows(float* scores, int64_t group, int64_t len, float* top, float* total) {
+  exp_rows(scores, group, len, top, total);
+  for (int64_t g = 0; g < group; ++g) {
+    float* __restrict s = scores + g * len;
+    const float inv = 1.f / total[g];
 #pragma omp simd
     for (int64_t t = 0; t < len; ++t) s[t] *= inv;
   }
@@ -82,23 +93,34 @@ inline __m512 sum_each(const __m512* v) {
                        _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
 }
 
-inline void softmax_rows_avx512(float* scores, int64_t group, int64_t len) {
+inline void exp_rows_avx512(float* scores, int64_t group, int64_t len, float* top,
+                            float* total) {
   for (int64_t g = 0; g < group; ++g) {
     float* s = scores + g * len;
-    __m512 top = _mm512_set1_ps(-INFINITY);
+    __m512 most = _mm512_set1_ps(-INFINITY);
     for (int64_t t = 0; t < len; t += 16) {
       const __mmask16 m = len - t >= 16 ? __mmask16(0xffff) : __mmask16((1u << (len - t)) - 1u);
-      top = _mm512_mask_max_ps(top, m, top, _mm512_maskz_loadu_ps(m, s + t));
+      most = _mm512_mask_max_ps(most, m, most, _mm512_maskz_loadu_ps(m, s + t));
     }
-    const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-    __m512 total = _mm512_setzero_ps();
+    top[g] = _mm512_reduce_max_ps(most);
+    const __m512 max = _mm512_set1_ps(top[g]);
+    __m512 sum = _mm512_setzero_ps();
     for (int64_t t = 0; t < len; t += 16) {
       const __mmask16 m = len - t >= 16 ? __mmask16(0xffff) : __mmask16((1u << (len - t)) - 1u);
       const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + t), max));
       _mm512_mask_storeu_ps(s + t, m, e);
-      total = _mm512_mask_add_ps(total, m, total, e);
+      sum = _mm512_mask_add_ps(sum, m, sum, e);
     }
-    const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(total));
+    total[g] = _mm512_reduce_add_ps(sum);
+  }
+}
+
+inline void softmax_rows_avx512(float* scores, int64_t group, int64_t len, float* top,
+                                float* total) {
+  exp_rows_avx512(scores, group, len, top, total);
+  for (int64_t g = 0; g < group; ++g) {
+    float* s = scores + g * len;
+    const __m512 inv = _mm512_set1_ps(1.f / total[g]);
     for (int64_t t = 0; t < len; t += 16) {
       const __mmask16 m = len - t >= 16 ? __mmask16(0xffff) : __mmask16((1u << (len - t)) - 1u);
       _mm512_mask_storeu_ps(s + t, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + t), inv));
@@ -149,7 +171,8 @@ void pv_tile_avx512(const float* __restrict probs, const T* rows, int n, int64_t
 #else
 // Declared only, so that attend_group's `if constexpr (kAvx512)` branches parse on a CPU
 // without AVX-512; kAvx512 is never true there, so nothing instantiates them.
-void softmax_rows_avx512(float* scores, int64_t group, int64_t len);
+void exp_rows_avx512(float* scores, int64_t group, int64_t len, float* top, float* total);
+void softmax_rows_avx512(float* scores, int64_t group, int64_t len, float* top, float* total);
 template <typename T, int kDim>
 void qk_tile_avx512(const float* qf, const T* rows, int n, int64_t group, float* scores,
                     int64_t len, float* tile);

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <vector>
 
 #include "cpu_team.h"
 
@@ -29,11 +30,20 @@ int fused_rotary(int dtype, void* x, int64_t token_stride, int64_t tokens, int64
 int paged_store_kv(int dtype, void* cache, const void* kv, int64_t kv_token_stride,
                    const int64_t* slots, int64_t tokens, int64_t kv_heads, int64_t num_slots,
                    int64_t dim);
-int paged_decode_items(int dtype, void* out, const void* q, int64_t q_token_stride,
+int paged_decode(int dtype, void* out, const void* q, int64_t q_token_stride, const void* cache,
+                 const int64_t* tables, int64_t table_width, const int64_t* lens, int64_t batch,
+                 int64_t num_heads, int64_t kv_heads, int64_t num_blocks, int64_t block_size,
+                 int64_t dim, float scale, int threads);
+int paged_decode_partials(const int64_t* lens, int64_t batch, int64_t num_heads,
+                          int64_t kv_heads, int64_t dim, int64_t* counts);
+int paged_decode_items(int dtype, float* partials, const void* q, int64_t q_token_stride,
                        const void* cache, const int64_t* tables, int64_t table_width,
                        const int64_t* lens, int64_t batch, int64_t num_heads, int64_t kv_heads,
                        int64_t num_blocks, int64_t block_size, int64_t dim, float scale,
                        int threads, int64_t first, int64_t end);
+int paged_decode_merge(int dtype, void* out, const float* partials, const int64_t* lens,
+                       int64_t batch, int64_t num_heads, int64_t kv_heads, int64_t dim,
+                       int threads);
 int skinny_linear(int dtype, void* y, const void* x, const void* w, const void* bias,
                   int64_t rows, int64_t n, int64_t k, float* scratch, int threads);
 int panel_linear(int dtype, void* y, const void* x, const void* packed, const void* bias,
@@ -84,6 +94,8 @@ struct Step {
   void* scratch;
   int threads;
   StepTeam* team;  // the step's threads (cpu_team.h), or none: OpenMP regions
+  float* partials;  // the team's attention items' (cpu_attention.cpp), reused by every layer
+  int64_t items;
 };
 
 // One repacked product, as cpu_team.h's threads share it: groups of repacked_rows() columns.
@@ -142,12 +154,20 @@ struct Work {
   void *h, *qkv, *attn, *gate_up, *act;
 };
 
-// q against the cache: items [first, end) of rows x kv heads (end -1: all)
-int attend(const Step& s, const Work& w, const void* cache, int64_t first, int64_t end) {
+// q against the cache, all of the step's rows
+int attend(const Step& s, const Work& w, const void* cache) {
   const int64_t stride = (s.heads + 2 * s.kv_heads) * s.dim;
-  return paged_decode_items(s.dtype, w.attn, w.qkv, stride, cache, s.tables, s.table_width,
+  return paged_decode(s.dtype, w.attn, w.qkv, stride, cache, s.tables, s.table_width, s.lens,
+                      s.rows, s.heads, s.kv_heads, s.num_blocks, s.block_size, s.dim, s.scale,
+                      s.threads);
+}
+
+// q against the cache: items [first, end) into the step's partials (end -1: all)
+int attend_items(const Step& s, const Work& w, const void* cache, int64_t first, int64_t end) {
+  const int64_t stride = (s.heads + 2 * s.kv_heads) * s.dim;
+  return paged_decode_items(s.dtype, s.partials, w.qkv, stride, cache, s.tables, s.table_width,
                             s.lens, s.rows, s.heads, s.kv_heads, s.num_blocks, s.block_size,
-                            s.dim, s.scale, s.threads, first, end);
+                            s.dim, s.scale, 1, first, end);
 }
 
 struct AttentionJob {
@@ -158,14 +178,15 @@ struct AttentionJob {
 
 void attention_part(const void* job, int64_t first, int64_t end) {
   const auto& j = *static_cast<const AttentionJob*>(job);
-  attend(*j.s, *j.w, j.cache, first, end);
+  attend_items(*j.s, *j.w, j.cache, first, end);
 }
 
 int shared_attention(const Step& s, const Work& w, const void* cache) {
-  if (const int code = attend(s, w, cache, 0, 0)) return code;  // the checks, no items
+  if (const int code = attend_items(s, w, cache, 0, 0)) return code;  // the checks, no items
   const AttentionJob job{&s, &w, cache};
-  s.team->share(attention_part, &job, s.rows * s.kv_heads);
-  return 0;
+  s.team->share(attention_part, &job, s.items);
+  return paged_decode_merge(s.dtype, w.attn, s.partials, s.lens, s.rows, s.heads, s.kv_heads,
+                            s.dim, 1);
 }
 
 // attention: the fused q/k/v heads rotated, k and v stored, q against the cache
@@ -180,7 +201,7 @@ int attention(const Step& s, const LayerSpec& l, const Work& w, void* cache, voi
     code = paged_store_kv(s.dtype, cache, static_cast<char*>(w.qkv) + s.heads * s.dim * size,
                           stride, s.slots, s.rows, s.kv_heads, s.num_blocks * s.block_size,
                           s.dim);
-  if (!code) code = s.team ? shared_attention(s, w, cache) : attend(s, w, cache, 0, -1);
+  if (!code) code = s.team ? shared_attention(s, w, cache) : attend(s, w, cache);
   return code ? code : product(s, l.o, y, w.attn);
 }
 
@@ -258,15 +279,22 @@ int decode_layers(int dtype, const int64_t* spec, int64_t layers, void* residual
                   const int64_t* head, void* logits) {
   if (dtype != 0 && dtype != 1) return 100 + dtype;
   Step s{dtype, rows, hidden, heads, kv_heads, dim, eps, scale, cos, sin, slots,
-         tables, lens, table_width, num_blocks, block_size, scratch, threads, nullptr};
+         tables, lens, table_width, num_blocks, block_size, scratch, threads, nullptr,
+         nullptr, 0};
   const Work w{work[0], work[1], work[2], work[3], work[4]};
   const auto* specs = reinterpret_cast<const LayerSpec*>(spec);
   const auto* head_spec = reinterpret_cast<const HeadSpec*>(head);
   const Chain chain{specs, layers, w, cache, cache_stride, residual, y, head_spec, logits};
   if (!team_applies(s, specs, layers, head_spec)) return layers_of(s, chain);
+  int64_t counts[2];
+  if (const int code = paged_decode_partials(lens, rows, heads, kv_heads, dim, counts))
+    return code;
+  std::vector<float> partials(counts[1]);
   StepTeam team(threads);
   int code = 0;
   s.team = &team;
+  s.partials = partials.data();
+  s.items = counts[0];
   s.threads = 1;  // the rest of a layer (norms, rotary) on the calling thread
 #pragma omp parallel num_threads(threads)
   {

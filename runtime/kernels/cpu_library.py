@@ -21,7 +21,9 @@ PANEL = 32  # cpu_panels.cpp's kPanel: weight rows per panel
 # p pointer. Every one returns an int: 0, or a code for `_raise_for`.
 SIGNATURES = {
     "paged_decode": "i p p q p p q p q q q q q q f i",
+    "paged_decode_partials": "p q q q q p",
     "paged_decode_items": "i p p q p p q p q q q q q q f i q q",
+    "paged_decode_merge": "i p p p q q q q i",
     "paged_extend": "i p p q q p p q p p p q q q q q q f i",
     "paged_store_kv": "i p p q p q q q q",
     "fused_add_rms_norm": "i p p p p q q f i",
@@ -84,7 +86,7 @@ def _raise_for(code: int) -> None:
         reasons = {1: "heads do not group"}
         reasons |= {2: "a context length (or a prefill chunk) is outside its block table (or q)"}
         reasons |= {3: "a block id is outside the cache", 4: "a slot is outside the cache"}
-        reasons |= {6: "items outside the rows' heads"}
+        reasons |= {6: "items outside the rows' kv heads and chunks"}
         reasons |= {10: "K is not a multiple of 32", 11: "no kernel for this block format"}
         reasons |= {12: "N is not a multiple of the rows a repacked group interleaves"}
         reasons |= {13: "groups outside the matrix"}
