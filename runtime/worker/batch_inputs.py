@@ -41,6 +41,9 @@ class ModelInputs:
     pool_slices: list[PoolSlice]  # each embedding sequence's part of them (none: no pooling)
 
 
+GreedyRow = tuple[float, int, float, float]  # temperature (0), top_k, top_p, min_p
+
+
 class DecodeLayout(TypedDict, total=False):
     """AttentionMetadata's decode fields: the kernels' two, or the torch path's two."""
 
@@ -68,6 +71,7 @@ class InputBuilder:
         self.info = info
         self.prompt_logprobs = prompt_logprobs  # which sequences score their prompt
         self.kernels = kernels  # None: the torch attention path
+        self._greedy: tuple[tuple[GreedyRow, ...], SamplingBatch] | None = None
 
     def build(self, plan: StepPlan, seqs: list[WorkerSeq]) -> ModelInputs:
         """The step's inputs; `seqs`: the plan's sequences, as the table holds them."""
@@ -118,44 +122,47 @@ class InputBuilder:
                     prompt_logit_rows.extend(start + p - computed for p in scored)
         logit_rows += prompt_logit_rows  # after the sampled rows
         decode_seqs = [seqs[i] for i in order[:num_decodes]]
+        context_lens = [s.num_computed_tokens + 1 for s in decode_seqs]
+        width = max((-(-c // bs) for c in context_lens), default=0)
+        tables = [b for s in decode_seqs for b in self._padded(s.block_table, width)]
+        ids, where, slot_mapping, logits_at, pooled_at, lens, flat_tables = self._tensors(
+            input_ids, positions, slots, logit_rows, pool_rows, context_lens, tables
+        )
         meta = AttentionMetadata(
-            slot_mapping=self._tensor(slots),
+            slot_mapping=slot_mapping,
             num_decodes=num_decodes,
             prefills=prefills,
             kernels=self.kernels,
-            **self._decode_layout(decode_seqs),
+            **self._decode_layout(flat_tables.view(num_decodes, width), lens),
         )
         if extends and prefills:
             meta.extend = self._extend_layout(prefills, prefill_seqs)
         return ModelInputs(
-            input_ids=self._tensor(input_ids),
-            positions=self._tensor(positions),
+            input_ids=ids,
+            positions=where,
             meta=meta,
-            logit_rows=self._tensor(logit_rows),
+            logit_rows=logits_at,
             sampled=sampled,
             sampling=self._sampling([seqs[i] for i in sampled]) if sampled else None,
             prompt_rows=prompt_rows,
-            pool_rows=self._tensor(pool_rows),
+            pool_rows=pooled_at,
             pool_slices=pool_slices,
         )
 
-    def _decode_layout(self, seqs: list[WorkerSeq]) -> DecodeLayout:
-        """The single-query sequences' block tables and lengths (the kernels read the cache
-        in place), or for the torch path the cache rows to gather and an additive key mask."""
-        context_lens = [s.num_computed_tokens + 1 for s in seqs]
-        width = max((-(-c // self.block_size) for c in context_lens), default=0)
-        tables = [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in seqs]
+    def _decode_layout(self, tables: torch.Tensor, context_lens: torch.Tensor) -> DecodeLayout:
+        """The single-query sequences' block tables [B, width] and lengths (the kernels read
+        the cache in place), or for the torch path the cache rows to gather and an additive
+        key mask."""
         if self.kernels is not None:
-            tables_tensor = self._tensor(tables).view(len(seqs), width)  # [0, 0] when none
-            return {"decode_tables": tables_tensor, "decode_lens": self._tensor(context_lens)}
-        if not seqs:
+            return {"decode_tables": tables, "decode_lens": context_lens}
+        if not tables.shape[0]:
             return {
                 "decode_rows": self._tensor([]),
                 "decode_bias": torch.zeros((0, 1, 1), device=self.device),
             }
-        rows = gather_rows(self._tensor(tables), self.num_kv_heads, self.num_blocks)
-        keys = torch.arange(width * self.block_size, device=self.device)
-        padding = keys[None, :] >= self._tensor(context_lens)[:, None]  # [B, width * bs]
+        rows = gather_rows(tables, self.num_kv_heads, self.num_blocks)
+        keys = torch.arange(tables.shape[1] * self.block_size, device=self.device)
+        padding = keys[None, :] >= context_lens[:, None]  # [B, width * bs]
         bias = torch.zeros(padding.shape, dtype=self.info.dtype, device=self.device)
         bias.masked_fill_(padding, -torch.inf)
         # one row per (sequence, kv head), as the decode's batched matmul sees them
@@ -181,7 +188,24 @@ class InputBuilder:
             p = seq.params
             top_k = p.top_k if p.top_k < vocab else 0  # all of them: keep all, unfiltered
             rows.append((p.temperature, top_k, p.top_p, p.min_p, seq.seed, seq.num_output_tokens))
-        return make_sampling_batch(rows, self.device)
+        # greedy rows draw nothing (their seeds and positions do not matter): the same rows
+        # as the last step's, as in a greedy decode, reuse its batch
+        greedy = tuple(row[:4] for row in rows)
+        if all(row[0] == 0.0 for row in greedy) and self._greedy and self._greedy[0] == greedy:
+            return self._greedy[1]
+        batch = make_sampling_batch(rows, self.device)
+        self._greedy = (greedy, batch) if batch.all_greedy else None
+        return batch
 
     def _tensor(self, values: list[int] | list[list[int]]) -> torch.Tensor:
         return device_tensor(values, torch.long, self.device)
+
+    def _tensors(self, *lists: list[int]) -> tuple[torch.Tensor, ...]:
+        """Each list as an int64 tensor on the device: views of one tensor, made (and on
+        CUDA copied) at once, where each of a decode step's ~7 would cost as much again."""
+        flat = [value for values in lists for value in values]
+        return self._tensor(flat).split([len(values) for values in lists])
+
+    @staticmethod
+    def _padded(table: list[int], width: int) -> list[int]:
+        return table[:width] + [0] * (width - len(table))
