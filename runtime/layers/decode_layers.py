@@ -68,6 +68,7 @@ class DecodeLayers:
         widths = (self.hidden, qkv.n, self.heads * self.dim, gate_up.n, gate_up.n // 2)
         self.width, self.starts = sum(widths), list(itertools.accumulate((0, *widths[:-1])))
         self.scratch = scratch_sizes(self.linears + ([head] if head else []), self.dtype)
+        self._work: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # by rows: _buffers
         # the final norm and the LM head, where the step ends in every row's logits
         self.head = head
         if head is not None:
@@ -121,9 +122,7 @@ class DecodeLayers:
     ) -> None:
         assert meta.decode_tables is not None and meta.decode_lens is not None
         rows, threads = x.shape[0], torch.get_num_threads()
-        work = torch.empty(rows * self.width, dtype=self.dtype)
-        step = work.element_size() * rows
-        buffers = torch.tensor([work.data_ptr() + step * start for start in self.starts])
+        buffers = self._buffers(rows)
         cos, sin = rope
         _, kv_heads, num_blocks, block_size, dim = kv_caches.shape[1:]
         steps = (cos, sin, meta.slot_mapping, meta.decode_tables, meta.decode_lens, kv_caches)
@@ -141,6 +140,17 @@ class DecodeLayers:
             None if logits is None else self.head_spec.data_ptr(),
             None if logits is None else logits.data_ptr(),
         )  # fmt: skip
+
+    def _buffers(self, rows: int) -> torch.Tensor:
+        """The addresses of the step's buffers for `rows` rows (cpu_decode.cpp's Work), in
+        one tensor kept from step to step: only the worker's torch thread runs steps."""
+        kept = self._work.get(rows)
+        if kept is None:
+            work = torch.empty(rows * self.width, dtype=self.dtype)
+            step = work.element_size() * rows
+            buffers = torch.tensor([work.data_ptr() + step * start for start in self.starts])
+            kept = self._work[rows] = (work, buffers)
+        return kept[1]
 
     def _scratch_bytes(self, rows: int, threads: int) -> int:
         return max(per_row * rows + per_thread * threads for per_row, per_thread in self.scratch)

@@ -204,7 +204,7 @@ class InputBuilder:
         """Each list as an int64 tensor on the device: views of one tensor, made (and on
         CUDA copied) at once, where each of a decode step's ~7 would cost as much again."""
         flat = [value for values in lists for value in values]
-        return self._tensor(flat).split([len(values) for values in lists])
+        return self._tensor(flat).split_with_sizes([len(values) for values in lists])
 
     @staticmethod
     def _padded(table: list[int], width: int) -> list[int]:
