@@ -36,7 +36,7 @@ struct Shape {  // what every row of one call shares
   int64_t num_heads, kv_heads, num_blocks, block_size, dim;
   float scale;
   int threads;
-  int64_t first_item = 0, end_item = -1;  // of rows x kv heads; -1: to the last
+  int64_t first_item = 0, end_item = -1;  // decode items (kDecodeChunk); -1: to the last
 };
 
 // One query row: a token's query heads, where their output goes, and the cached tokens it
