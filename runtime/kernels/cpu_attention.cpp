@@ -51,9 +51,11 @@ struct Row {
 // Scratch of one thread, sized for the longest stretch of cached tokens it scores at once.
 struct Scratch {
   std::vector<float> scores, qf, acc, tile, top, total;
-  Scratch(int64_t group, int64_t longest, int64_t dim)
-      : scores(group * longest), qf(group * dim), acc(group * dim), tile(kTile * dim),
-        top(group), total(group) {}
+  Scratch(int64_t group, int64_t longest, int64_t dim) { resize(group, longest, dim); }
+  void resize(int64_t group, int64_t longest, int64_t dim) {
+    scores.resize(group * longest), qf.resize(group * dim), acc.resize(group * dim);
+    tile.resize(kTile * dim), top.resize(group), total.resize(group);
+  }
 };
 
 // A decode row's work comes in items: one kv head over one chunk of up to kDecodeChunk of
@@ -262,20 +264,28 @@ void decode_item(const Shape& a, const std::vector<Row>& rows,
     p[2 * group + d] = s.acc[acc_index<T, kDim, kAvx512>(d)];
 }
 
+// The calling thread's scratch for decode items, kept from call to call: a decode step's
+// team calls for its items once a layer on each thread.
+Scratch& decode_scratch(int64_t group, int64_t dim) {
+  thread_local Scratch scratch(0, 0, 0);
+  scratch.resize(group, kDecodeChunk, dim);
+  return scratch;
+}
+
 template <typename T, int kDim, bool kAvx512>
 void decode_items(const Shape& a, const std::vector<Row>& rows, float* partials) {
   const std::vector<int64_t> starts = item_starts(rows, a.kv_heads);
   const int64_t group = a.num_heads / a.kv_heads;
   const int64_t end = a.end_item < 0 ? starts.back() : a.end_item;
   if (a.threads <= 1) {
-    Scratch scratch(group, kDecodeChunk, a.dim);
+    Scratch& scratch = decode_scratch(group, a.dim);
     for (int64_t i = a.first_item; i < end; ++i)
       decode_item<T, kDim, kAvx512>(a, rows, starts, i, partials, scratch);
     return;
   }
 #pragma omp parallel num_threads(a.threads)
   {
-    Scratch scratch(group, kDecodeChunk, a.dim);
+    Scratch& scratch = decode_scratch(group, a.dim);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = a.first_item; i < end; ++i)
       decode_item<T, kDim, kAvx512>(a, rows, starts, i, partials, scratch);
@@ -289,7 +299,8 @@ void merge_head(const Shape& a, const Row& r, int64_t h, const float* partials, 
   const int64_t group = a.num_heads / a.kv_heads, dim = a.dim;
   const int64_t size = partial_floats(group, dim);
   T* out = static_cast<T*>(r.out) + h * group * dim;
-  std::vector<float> weights(chunks);
+  thread_local std::vector<float> weights;
+  weights.resize(chunks);
   for (int64_t g = 0; g < group; ++g) {
     float top = -INFINITY, total = 0.f;
     for (int64_t c = 0; c < chunks; ++c) top = std::max(top, partials[c * size + g]);
