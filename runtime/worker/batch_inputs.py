@@ -172,7 +172,7 @@ class InputBuilder:
     def _extend_layout(self, prefills: list[PrefillSlice], seqs: list[WorkerSeq]) -> ExtendLayout:
         """The prefill slices' block tables, query rows and context lengths, as tensors."""
         width = max(-(-p.context_len // self.block_size) for p in prefills)
-        tables = [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in seqs]
+        tables = [self._padded(s.block_table, width) for s in seqs]
         return ExtendLayout(
             tables=self._tensor(tables).view(len(seqs), width),
             q_starts=self._tensor([p.start for p in prefills]),
