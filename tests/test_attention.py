@@ -117,17 +117,23 @@ TOLERANCE = {
 def test_decode_rows_longer_than_a_chunk_match_dense_attention(
     dtype: torch.dtype, dim: int
 ) -> None:
-    """A decode row's tokens go in chunks of 64 whose softmax parts are merged
-    (cpu_attention.cpp): lengths on both sides of a chunk's edge, and several chunks."""
+    """A row decoding alone (few kv heads to share) goes in chunks of 64 tokens whose softmax
+    parts are merged (cpu_attention.cpp): lengths on both sides of a chunk's edge, and several
+    chunks. The same rows as one batch keep whole heads."""
     lens = [1, 63, 64, 65, 200]
     q, cache, tables, context = decode_case(dtype, dim, lens, seed=4)
-    out = load_cpu_kernels().decode(q, cache, tables, context, dim**-0.5)
+    kernels = load_cpu_kernels()
+    together = kernels.decode(q, cache, tables, context, dim**-0.5)
     for row, n in enumerate(lens):
         keys = cache[:, :, tables[row]].flatten(2, 3)[:, :, :n].float()  # [2, kv, n, dim]
         expected = F.scaled_dot_product_attention(
             q[row].float()[:, None], keys[0], keys[1], enable_gqa=True
         )[:, 0]
-        torch.testing.assert_close(out[row].float(), expected, **TOLERANCE[dtype])
+        alone = kernels.decode(
+            q[row : row + 1], cache, tables[row : row + 1], context[row : row + 1], dim**-0.5
+        )[0]
+        torch.testing.assert_close(alone.float(), expected, **TOLERANCE[dtype])
+        torch.testing.assert_close(together[row].float(), expected, **TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -64,14 +64,23 @@ struct Scratch {
 // part of the softmax unnormalized: per query head of the group the scores' max, the sum of
 // their exps and the values weighted by those exps, [group] + [group] + [group x dim]
 // floats (`Partial`); merging a head's chunks rescales each to the largest max. The chunks
-// depend on a row's length alone, never on the threads, so that every way of sharing the
-// items gives the same bits. SmolLM2 Q4_1, one row, the one-call decode step on 2 threads of
+// depend on a row's length and the batch's shape, never on the threads, so that every way
+// of sharing the items gives the same bits. SmolLM2 Q4_1, one row, the one-call decode step on 2 threads of
 // an AMD EPYC, alternating with whole heads in one process: 3.42 -> 3.08 ms a step at ~200
 // cached tokens, 5.19 -> 4.98 at ~1000 (KV reads are near the memory's rate there).
-constexpr int64_t kDecodeChunk = 64;
+// Rows whose kv heads are this many items or more (a batch of 3 rows of SmolLM2) keep whole
+// heads: enough items to share, and chunks there only cost (their partials, and a head's
+// chunks on different threads): batch 32 at 600 cached tokens took 1190 us a layer in
+// chunks against 844 in whole heads.
+constexpr int64_t kDecodeChunk = 64, kChunkedBelow = 8;
 constexpr int64_t kMergesToSpread = 64;  // (row, kv head) merges worth a region
 
-inline int64_t decode_chunks(int64_t len) { return (len + kDecodeChunk - 1) / kDecodeChunk; }
+// The tokens of a chunk in a call over `rows` rows: the batch's shape decides, never the threads.
+inline int64_t chunk_tokens(int64_t rows, int64_t kv_heads) {
+  return rows * kv_heads < kChunkedBelow ? kDecodeChunk : int64_t(1) << 40;
+}
+
+inline int64_t decode_chunks(int64_t len, int64_t chunk) { return (len + chunk - 1) / chunk; }
 
 inline int64_t partial_floats(int64_t group, int64_t dim) { return group * (dim + 2); }
 
@@ -240,9 +249,10 @@ void attend_rows(const Shape& a, const std::vector<Row>& rows) {
 // The decode rows' items in order: row b's are items[b] .. items[b + 1], kv head by kv head,
 // chunk by chunk.
 std::vector<int64_t> item_starts(const std::vector<Row>& rows, int64_t kv_heads) {
+  const int64_t chunk = chunk_tokens(int64_t(rows.size()), kv_heads);
   std::vector<int64_t> starts(rows.size() + 1, 0);
   for (size_t b = 0; b < rows.size(); ++b)
-    starts[b + 1] = starts[b] + kv_heads * decode_chunks(rows[b].len);
+    starts[b + 1] = starts[b] + kv_heads * decode_chunks(rows[b].len, chunk);
   return starts;
 }
 
@@ -252,9 +262,10 @@ void decode_item(const Shape& a, const std::vector<Row>& rows,
                  const std::vector<int64_t>& starts, int64_t i, float* partials, Scratch& s) {
   const auto b = std::upper_bound(starts.begin(), starts.end(), i) - starts.begin() - 1;
   const Row& r = rows[b];
-  const int64_t chunks = decode_chunks(r.len), local = i - starts[b];
-  const int64_t begin = local % chunks * kDecodeChunk;
-  const int64_t end = std::min(begin + kDecodeChunk, r.len);
+  const int64_t chunk = chunk_tokens(int64_t(rows.size()), a.kv_heads);
+  const int64_t chunks = decode_chunks(r.len, chunk), local = i - starts[b];
+  const int64_t begin = local % chunks * chunk;
+  const int64_t end = std::min(begin + chunk, r.len);
   weigh<T, kDim, kAvx512>(a, r, local / chunks, begin, end, false, s);
   const int64_t group = a.num_heads / a.kv_heads;
   float* p = partials + i * partial_floats(group, a.dim);
@@ -266,9 +277,9 @@ void decode_item(const Shape& a, const std::vector<Row>& rows,
 
 // The calling thread's scratch for decode items, kept from call to call: a decode step's
 // team calls for its items once a layer on each thread.
-Scratch& decode_scratch(int64_t group, int64_t dim) {
+Scratch& decode_scratch(int64_t group, int64_t tokens, int64_t dim) {
   thread_local Scratch scratch(0, 0, 0);
-  scratch.resize(group, kDecodeChunk, dim);
+  scratch.resize(group, tokens, dim);
   return scratch;
 }
 
@@ -277,15 +288,18 @@ void decode_items(const Shape& a, const std::vector<Row>& rows, float* partials)
   const std::vector<int64_t> starts = item_starts(rows, a.kv_heads);
   const int64_t group = a.num_heads / a.kv_heads;
   const int64_t end = a.end_item < 0 ? starts.back() : a.end_item;
+  int64_t longest = 0;  // an item's tokens at most
+  for (const Row& r : rows) longest = std::max(longest, r.len);
+  longest = std::min(longest, chunk_tokens(int64_t(rows.size()), a.kv_heads));
   if (a.threads <= 1) {
-    Scratch& scratch = decode_scratch(group, a.dim);
+    Scratch& scratch = decode_scratch(group, longest, a.dim);
     for (int64_t i = a.first_item; i < end; ++i)
       decode_item<T, kDim, kAvx512>(a, rows, starts, i, partials, scratch);
     return;
   }
 #pragma omp parallel num_threads(a.threads)
   {
-    Scratch& scratch = decode_scratch(group, a.dim);
+    Scratch& scratch = decode_scratch(group, longest, a.dim);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = a.first_item; i < end; ++i)
       decode_item<T, kDim, kAvx512>(a, rows, starts, i, partials, scratch);
@@ -323,9 +337,10 @@ void merge_rows(const Shape& a, const std::vector<Row>& rows, const float* parti
   const std::vector<int64_t> starts = item_starts(rows, a.kv_heads);
   const int64_t heads = a.kv_heads, size = partial_floats(a.num_heads / heads, a.dim);
   const int64_t n = int64_t(rows.size()) * heads;
+  const int64_t chunk = chunk_tokens(int64_t(rows.size()), heads);
   for_rows(n, a.threads, n >= kMergesToSpread, [&](int64_t i) {
     const Row& r = rows[i / heads];
-    const int64_t chunks = decode_chunks(r.len);
+    const int64_t chunks = decode_chunks(r.len, chunk);
     merge_head<T>(a, r, i % heads, partials + (starts[i / heads] + i % heads * chunks) * size,
                   chunks);
   });
@@ -419,7 +434,7 @@ int paged_decode_partials(const int64_t* lens, int64_t batch, int64_t num_heads,
   counts[0] = 0;
   for (int64_t b = 0; b < batch; ++b) {
     if (lens[b] <= 0) return 2;
-    counts[0] += kv_heads * decode_chunks(lens[b]);
+    counts[0] += kv_heads * decode_chunks(lens[b], chunk_tokens(batch, kv_heads));
   }
   counts[1] = counts[0] * partial_floats(num_heads / kv_heads, dim);
   return 0;
