@@ -156,15 +156,15 @@ def test_decode_items_computed_apart_make_the_same_output(dtype: torch.dtype) ->
 
     def compute(first: int, end: int) -> None:
         kernels._call(
-            "paged_decode_items", code, partials.data_ptr(),
+            "paged_decode_items", code, out.data_ptr(), partials.data_ptr(),
             q.data_ptr(), q.stride(0), cache.data_ptr(), tables.data_ptr(), width,
             context.data_ptr(), rows, HEADS, KV_HEADS, cache.shape[2], BLOCK, DIM, 0.3, 1,
             first, end,
         )  # fmt: skip
 
+    out = torch.full_like(whole, float("nan"))
     for first, end in ((0, 1), (1, 1), (1, 4), (4, 7), (7, items)):
         compute(first, end)
-    out = torch.full_like(whole, float("nan"))
     kernels._call("paged_decode_merge", code, out.data_ptr(), partials.data_ptr(),
                   context.data_ptr(), rows, HEADS, KV_HEADS, DIM, 1)  # fmt: skip
     assert torch.equal(out, whole)

@@ -65,13 +65,14 @@ struct Scratch {
 // their exps and the values weighted by those exps, [group] + [group] + [group x dim]
 // floats (`Partial`); merging a head's chunks rescales each to the largest max. The chunks
 // depend on a row's length and the batch's shape, never on the threads, so that every way
-// of sharing the items gives the same bits. SmolLM2 Q4_1, one row, the one-call decode step on 2 threads of
-// an AMD EPYC, alternating with whole heads in one process: 3.42 -> 3.08 ms a step at ~200
+// of sharing the items gives the same bits. SmolLM2 Q4_1, one row, the one-call decode step
+// on 2 threads of an AMD EPYC, alternating with whole heads in one process: 3.42 -> 3.08 ms
+// a step at ~200
 // cached tokens, 5.19 -> 4.98 at ~1000 (KV reads are near the memory's rate there).
 // Rows whose kv heads are this many items or more (a batch of 3 rows of SmolLM2) keep whole
-// heads: enough items to share, and chunks there only cost (their partials, and a head's
-// chunks on different threads): batch 32 at 600 cached tokens took 1190 us a layer in
-// chunks against 844 in whole heads.
+// heads, normalized straight into their outputs as before: enough items to share, and
+// chunks there only cost (their partials, a head's chunks on different threads): batch 32 at
+// 600 cached tokens took 1190 us a layer in chunks against 844 in whole heads.
 constexpr int64_t kDecodeChunk = 64, kChunkedBelow = 8;
 constexpr int64_t kMergesToSpread = 64;  // (row, kv head) merges worth a region
 
@@ -118,10 +119,12 @@ void for_each_tile(const T* plane, const int64_t* table, int64_t begin, int64_t 
   }
 }
 
-// The first blocks of [begin, end) fetched, for a pass that starts there later.
+// The first blocks of [begin, end) fetched, for a pass that starts there soon: a chunk's V
+// pass after its short K pass (a whole row's K pass is long enough for the prefetchers).
 template <typename T>
 void fetch_first(const T* plane, const int64_t* table, int64_t begin, int64_t end,
-                 int64_t block_size, int64_t dim) {
+                 int64_t len, int64_t block_size, int64_t dim) {
+  if (begin == 0 && end == len) return;
   const int64_t first = begin - begin % block_size;
   for (int64_t b = 0; b < kBlocksAhead && first + b * block_size < end; ++b)
     fetch_block(plane + table[first / block_size + b] * block_size * dim,
@@ -142,7 +145,7 @@ void weigh_values(const Shape& a, const Row& r, int64_t h, int64_t begin, int64_
   const T* q = static_cast<const T*>(r.q) + first_head * dim;
   float* scores = s.scores.data();  // token t's score of head g: scores[g * len + t - begin]
   for (int64_t i = 0; i < group * dim; ++i) s.qf[i] = to_float(q[i]) * a.scale;
-  fetch_first(cache + (a.kv_heads + h) * plane, r.table, begin, end, a.block_size, dim);
+  fetch_first(cache + (a.kv_heads + h) * plane, r.table, begin, end, r.len, a.block_size, dim);
   for_each_tile(cache + h * plane, r.table, begin, end, r.len, a.block_size, dim,
                 [&](const T* rows, int n, int64_t first) {
                   float* at = scores + (first - begin);
@@ -179,7 +182,8 @@ void weigh_values_bf16(const Shape& a, const Row& r, int64_t h, int64_t begin, i
   const auto* cache = static_cast<const uint16_t*>(a.cache);
   const auto* q = static_cast<const uint16_t*>(r.q) + first_head * kDim;
   float* scores = s.scores.data();
-  fetch_first(cache + (a.kv_heads + h) * plane, r.table, begin, end, a.block_size, kDim);
+  fetch_first(cache + (a.kv_heads + h) * plane, r.table, begin, end, r.len, a.block_size,
+              kDim);
   for_each_tile(cache + h * plane, r.table, begin, end, r.len, a.block_size, kDim,
                 [&](const uint16_t* rows, int n, int64_t first) {
                   qk_tile_bf16<kDim>(q, a.scale, rows, n, group, scores + (first - begin), len);
@@ -256,13 +260,15 @@ std::vector<int64_t> item_starts(const std::vector<Row>& rows, int64_t kv_heads)
   return starts;
 }
 
-// Decode item i, its partial written at partials + i * partial_floats.
+// Decode item i: a whole head normalized into its row's output, as prefill does, or a
+// chunk's partial written at partials + i * partial_floats.
 template <typename T, int kDim, bool kAvx512>
 void decode_item(const Shape& a, const std::vector<Row>& rows,
                  const std::vector<int64_t>& starts, int64_t i, float* partials, Scratch& s) {
   const auto b = std::upper_bound(starts.begin(), starts.end(), i) - starts.begin() - 1;
   const Row& r = rows[b];
   const int64_t chunk = chunk_tokens(int64_t(rows.size()), a.kv_heads);
+  if (chunk != kDecodeChunk) return attend<T, kDim, kAvx512>(a, r, i - starts[b], s);
   const int64_t chunks = decode_chunks(r.len, chunk), local = i - starts[b];
   const int64_t begin = local % chunks * chunk;
   const int64_t end = std::min(begin + chunk, r.len);
@@ -357,34 +363,34 @@ int check_rows(const Shape& a, const std::vector<Row>& rows, int64_t table_width
   return 0;
 }
 
-// Prefill rows into their outputs, or (partials given) decode items into their partials, by
-// the variant for head_dim.
+// Prefill rows into their outputs, or decode items (into outputs or partials), by the
+// variant for head_dim.
 template <typename T, int kDim, bool kAvx512>
-void run(const Shape& a, const std::vector<Row>& rows, float* partials) {
-  if (partials)
+void run(const Shape& a, const std::vector<Row>& rows, bool decode, float* partials) {
+  if (decode)
     decode_items<T, kDim, kAvx512>(a, rows, partials);
   else
     attend_rows<T, kDim, kAvx512>(a, rows);
 }
 
 template <typename T>
-int run_checked(const Shape& a, const std::vector<Row>& rows, int64_t table_width,
+int run_checked(const Shape& a, const std::vector<Row>& rows, int64_t table_width, bool decode,
                 float* partials) {
   if (const int code = check_rows(a, rows, table_width)) return code;
-  if (partials && (a.first_item < 0 || a.end_item > item_starts(rows, a.kv_heads).back() ||
-                   (a.end_item >= 0 && a.end_item < a.first_item)))
+  if (decode && (a.first_item < 0 || a.end_item > item_starts(rows, a.kv_heads).back() ||
+                 (a.end_item >= 0 && a.end_item < a.first_item)))
     return 6;
 #if defined(__AVX512F__)
-  if (a.dim == 64) return run<T, 64, true>(a, rows, partials), 0;
-  if (a.dim == 128) return run<T, 128, true>(a, rows, partials), 0;
+  if (a.dim == 64) return run<T, 64, true>(a, rows, decode, partials), 0;
+  if (a.dim == 128) return run<T, 128, true>(a, rows, decode, partials), 0;
 #endif
-  return run<T, 0, false>(a, rows, partials), 0;
+  return run<T, 0, false>(a, rows, decode, partials), 0;
 }
 
 int run_any(int dtype, const Shape& a, const std::vector<Row>& rows, int64_t table_width,
-            float* partials = nullptr) {
-  if (dtype == 0) return run_checked<float>(a, rows, table_width, partials);
-  if (dtype == 1) return run_checked<uint16_t>(a, rows, table_width, partials);
+            bool decode = false, float* partials = nullptr) {
+  if (dtype == 0) return run_checked<float>(a, rows, table_width, decode, partials);
+  if (dtype == 1) return run_checked<uint16_t>(a, rows, table_width, decode, partials);
   return 5;
 }
 
@@ -436,23 +442,26 @@ int paged_decode_partials(const int64_t* lens, int64_t batch, int64_t num_heads,
     if (lens[b] <= 0) return 2;
     counts[0] += kv_heads * decode_chunks(lens[b], chunk_tokens(batch, kv_heads));
   }
-  counts[1] = counts[0] * partial_floats(num_heads / kv_heads, dim);
+  const bool chunked = chunk_tokens(batch, kv_heads) == kDecodeChunk;  // else no partials
+  counts[1] = chunked ? counts[0] * partial_floats(num_heads / kv_heads, dim) : 0;
   return 0;
 }
 
 // Items [first, end) of the decode rows (end -1: to the last; an item: one row's kv head over
-// one chunk of its tokens) into their partials: how cpu_team.h's threads share a decode
-// step's attention. paged_decode_merge then makes the outputs.
-int paged_decode_items(int dtype, float* partials, const void* q, int64_t q_token_stride,
-                       const void* cache, const int64_t* tables, int64_t table_width,
-                       const int64_t* lens, int64_t batch, int64_t num_heads, int64_t kv_heads,
-                       int64_t num_blocks, int64_t block_size, int64_t dim, float scale,
-                       int threads, int64_t first, int64_t end) {
+// one chunk of its tokens, or all of them) into their partials (or a whole head's into its
+// output): how cpu_team.h's threads share a decode step's attention. paged_decode_merge then
+// makes the chunked heads' outputs.
+int paged_decode_items(int dtype, void* out, float* partials, const void* q,
+                       int64_t q_token_stride, const void* cache, const int64_t* tables,
+                       int64_t table_width, const int64_t* lens, int64_t batch,
+                       int64_t num_heads, int64_t kv_heads, int64_t num_blocks,
+                       int64_t block_size, int64_t dim, float scale, int threads, int64_t first,
+                       int64_t end) {
   const Shape a{cache, num_heads, kv_heads, num_blocks, block_size, dim, scale, threads,
                 first, end};
-  const std::vector<Row> rows = decode_rows(dtype, nullptr, q, q_token_stride, tables,
+  const std::vector<Row> rows = decode_rows(dtype, out, q, q_token_stride, tables,
                                             table_width, lens, batch, num_heads, dim);
-  return run_any(dtype, a, rows, table_width, partials);
+  return run_any(dtype, a, rows, table_width, true, partials);
 }
 
 // The decode rows' outputs from every item's partial.
@@ -462,6 +471,7 @@ int paged_decode_merge(int dtype, void* out, const float* partials, const int64_
   if (kv_heads <= 0 || num_heads % kv_heads != 0) return 1;
   for (int64_t b = 0; b < batch; ++b)
     if (lens[b] <= 0) return 2;
+  if (chunk_tokens(batch, kv_heads) != kDecodeChunk) return 0;  // whole heads: written
   const Shape a{nullptr, num_heads, kv_heads, 0, 0, dim, 0.f, threads};
   const std::vector<Row> rows = decode_rows(dtype, out, nullptr, 0, nullptr, 0, lens, batch,
                                             num_heads, dim);
@@ -480,7 +490,7 @@ int paged_decode(int dtype, void* out, const void* q, int64_t q_token_stride, co
   if (const int code = paged_decode_partials(lens, batch, num_heads, kv_heads, dim, counts))
     return code;
   std::vector<float> partials(counts[1]);
-  const int code = paged_decode_items(dtype, partials.data(), q, q_token_stride, cache, tables,
+  const int code = paged_decode_items(dtype, out, partials.data(), q, q_token_stride, cache, tables,
                                       table_width, lens, batch, num_heads, kv_heads, num_blocks,
                                       block_size, dim, scale, threads, 0, -1);
   return code ? code

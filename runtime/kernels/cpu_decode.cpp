@@ -36,7 +36,8 @@ int paged_decode(int dtype, void* out, const void* q, int64_t q_token_stride, co
                  int64_t dim, float scale, int threads);
 int paged_decode_partials(const int64_t* lens, int64_t batch, int64_t num_heads,
                           int64_t kv_heads, int64_t dim, int64_t* counts);
-int paged_decode_items(int dtype, float* partials, const void* q, int64_t q_token_stride,
+int paged_decode_items(int dtype, void* out, float* partials, const void* q,
+                       int64_t q_token_stride,
                        const void* cache, const int64_t* tables, int64_t table_width,
                        const int64_t* lens, int64_t batch, int64_t num_heads, int64_t kv_heads,
                        int64_t num_blocks, int64_t block_size, int64_t dim, float scale,
@@ -162,12 +163,13 @@ int attend(const Step& s, const Work& w, const void* cache) {
                       s.threads);
 }
 
-// q against the cache: items [first, end) into the step's partials (end -1: all)
+// q against the cache: items [first, end) into the step's partials, or whole heads into
+// w.attn (end -1: all)
 int attend_items(const Step& s, const Work& w, const void* cache, int64_t first, int64_t end) {
   const int64_t stride = (s.heads + 2 * s.kv_heads) * s.dim;
-  return paged_decode_items(s.dtype, s.partials, w.qkv, stride, cache, s.tables, s.table_width,
-                            s.lens, s.rows, s.heads, s.kv_heads, s.num_blocks, s.block_size,
-                            s.dim, s.scale, 1, first, end);
+  return paged_decode_items(s.dtype, w.attn, s.partials, w.qkv, stride, cache, s.tables,
+                            s.table_width, s.lens, s.rows, s.heads, s.kv_heads, s.num_blocks,
+                            s.block_size, s.dim, s.scale, 1, first, end);
 }
 
 struct AttentionJob {

@@ -22,7 +22,7 @@ PANEL = 32  # cpu_panels.cpp's kPanel: weight rows per panel
 SIGNATURES = {
     "paged_decode": "i p p q p p q p q q q q q q f i",
     "paged_decode_partials": "p q q q q p",
-    "paged_decode_items": "i p p q p p q p q q q q q q f i q q",
+    "paged_decode_items": "i p p p q p p q p q q q q q q f i q q",
     "paged_decode_merge": "i p p p q q q q i",
     "paged_extend": "i p p q q p p q p p p q q q q q q f i",
     "paged_store_kv": "i p p q p q q q q",
