@@ -415,22 +415,21 @@ int store_kv(void* cache, const void* kv, int64_t kv_token_stride, const int64_t
   return 0;
 }
 
-}  // namespace
-
-extern "C" {
-
-// The decode rows (query b is row b of q, attending to the first lens[b] tokens of table b),
-// their outputs at `out` (null: none, for the items' own calls).
+// The decode rows: query b is row b of q, attending to the first lens[b] tokens of table b,
+// its output row b of out.
 std::vector<Row> decode_rows(int dtype, void* out, const void* q, int64_t q_token_stride,
                              const int64_t* tables, int64_t table_width, const int64_t* lens,
                              int64_t batch, int64_t num_heads, int64_t dim) {
   std::vector<Row> rows(batch);
   for (int64_t b = 0; b < batch; ++b)
     rows[b] = Row{token_row(q, dtype, b, q_token_stride),
-                  out ? token_row(out, dtype, b, num_heads * dim) : nullptr,
-                  tables + b * table_width, lens[b]};
+                  token_row(out, dtype, b, num_heads * dim), tables + b * table_width, lens[b]};
   return rows;
 }
+
+}  // namespace
+
+extern "C" {
 
 // How many items rows of these lengths make (counts[0]) and the floats of their partials
 // (counts[1]): what paged_decode_items fills and paged_decode_merge reads.
