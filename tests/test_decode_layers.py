@@ -116,3 +116,27 @@ async def test_what_it_does_not_cover_keeps_the_python_layers(
     config = EngineConfig(model=str(model_dirs[arch]), mode="inproc", attention_backend=backend)
     _, calls = await generate(config, monkeypatch)
     assert calls == 0
+
+
+def test_every_batch_size_shares_the_largest_steps_buffers() -> None:
+    """The step's buffers for any number of rows lie in one block, the largest step's so far
+    (a block for each size would hold up to max_num_seqs of them); a larger step replaces
+    the block, and the smaller sizes' addresses then point into the new one."""
+    from types import SimpleNamespace
+
+    layers: Any = SimpleNamespace(width=10, starts=[0, 4, 7], dtype=torch.float32,
+                                  _work=torch.empty(0), _addresses={})  # fmt: skip
+    buffers = decode_layers.DecodeLayers._buffers
+
+    def within_block(rows: int) -> bool:
+        addresses = buffers(layers, rows).tolist()
+        base, size = layers._work.data_ptr(), layers._work.numel() * 4
+        expected = [base + 4 * rows * start for start in layers.starts]
+        return addresses == expected and expected[-1] + 4 * rows * 3 <= base + size
+
+    assert within_block(4)
+    first = layers._work
+    assert within_block(2) and layers._work is first  # smaller: the same block
+    assert within_block(8) and layers._work is not first  # larger: a new one
+    assert layers._work.numel() == 80
+    assert within_block(2) and within_block(4)  # earlier sizes, into the new block

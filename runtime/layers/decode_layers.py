@@ -68,7 +68,8 @@ class DecodeLayers:
         widths = (self.hidden, qkv.n, self.heads * self.dim, gate_up.n, gate_up.n // 2)
         self.width, self.starts = sum(widths), list(itertools.accumulate((0, *widths[:-1])))
         self.scratch = scratch_sizes(self.linears + ([head] if head else []), self.dtype)
-        self._work: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # by rows: _buffers
+        self._work = torch.empty(0, dtype=self.dtype)  # _buffers: the largest step's so far
+        self._addresses: dict[int, torch.Tensor] = {}  # by rows, into self._work
         # the final norm and the LM head, where the step ends in every row's logits
         self.head = head
         if head is not None:
@@ -143,14 +144,18 @@ class DecodeLayers:
 
     def _buffers(self, rows: int) -> torch.Tensor:
         """The addresses of the step's buffers for `rows` rows (cpu_decode.cpp's Work), in
-        one tensor kept from step to step: only the worker's torch thread runs steps."""
-        kept = self._work.get(rows)
-        if kept is None:
-            work = torch.empty(rows * self.width, dtype=self.dtype)
-            step = work.element_size() * rows
-            buffers = torch.tensor([work.data_ptr() + step * start for start in self.starts])
-            kept = self._work[rows] = (work, buffers)
-        return kept[1]
+        one tensor kept from step to step (only the worker's torch thread runs steps). Every
+        batch size shares one block of memory, the largest step's: a block a size would
+        hold one for each of up to max_num_seqs sizes."""
+        if self._work.numel() < rows * self.width:
+            self._work = torch.empty(rows * self.width, dtype=self.dtype)
+            self._addresses.clear()  # they pointed into the old block
+        buffers = self._addresses.get(rows)
+        if buffers is None:
+            base, step = self._work.data_ptr(), self._work.element_size() * rows
+            buffers = torch.tensor([base + step * start for start in self.starts])
+            self._addresses[rows] = buffers
+        return buffers
 
     def _scratch_bytes(self, rows: int, threads: int) -> int:
         return max(per_row * rows + per_thread * threads for per_row, per_thread in self.scratch)
