@@ -67,8 +67,8 @@ struct Scratch {
 // depend on a row's length and the batch's shape, never on the threads, so that every way
 // of sharing the items gives the same bits. SmolLM2 Q4_1, one row, the one-call decode step
 // on 2 threads of an AMD EPYC, alternating with whole heads in one process: 3.42 -> 3.08 ms
-// a step at ~200
-// cached tokens, 5.19 -> 4.98 at ~1000 (KV reads are near the memory's rate there).
+// a step at ~200 cached tokens, 5.19 -> 4.98 at ~1000 (KV reads are near the memory's rate
+// there).
 // Rows whose kv heads are this many items or more (a batch of 3 rows of SmolLM2) keep whole
 // heads, normalized straight into their outputs as before: enough items to share, and
 // chunks there only cost (their partials, a head's chunks on different threads): batch 32 at

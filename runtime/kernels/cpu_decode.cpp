@@ -37,11 +37,11 @@ int paged_decode(int dtype, void* out, const void* q, int64_t q_token_stride, co
 int paged_decode_partials(const int64_t* lens, int64_t batch, int64_t num_heads,
                           int64_t kv_heads, int64_t dim, int64_t* counts);
 int paged_decode_items(int dtype, void* out, float* partials, const void* q,
-                       int64_t q_token_stride,
-                       const void* cache, const int64_t* tables, int64_t table_width,
-                       const int64_t* lens, int64_t batch, int64_t num_heads, int64_t kv_heads,
-                       int64_t num_blocks, int64_t block_size, int64_t dim, float scale,
-                       int threads, int64_t first, int64_t end);
+                       int64_t q_token_stride, const void* cache, const int64_t* tables,
+                       int64_t table_width, const int64_t* lens, int64_t batch,
+                       int64_t num_heads, int64_t kv_heads, int64_t num_blocks,
+                       int64_t block_size, int64_t dim, float scale, int threads, int64_t first,
+                       int64_t end);
 int paged_decode_merge(int dtype, void* out, const float* partials, const int64_t* lens,
                        int64_t batch, int64_t num_heads, int64_t kv_heads, int64_t dim,
                        int threads);
